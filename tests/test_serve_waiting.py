@@ -46,18 +46,42 @@ def test_a_request_that_arrives_while_another_runs_waits_one_turn():
 
 
 def test_a_head_that_does_not_fit_stays_first_and_cancelled_jobs_are_set_aside():
-    queue, big, small = WaitingQueue(3), object(), object()
-    jobs = [Job("big0", big), Job("big1", big), Job("small0", small)]
+    queue, big, small = WaitingQueue(4), object(), object()
+    jobs = [Job("big0", big), Job("big1", big), Job("small0", small), Job("alone")]
     for job in jobs:
-        queue.put(job)
+        queue.put(job)  # 4 places: big's two, small's and alone's
     assert queue.pop_if(lambda job: False) is None and queue.head().name == "big0"
     jobs[0].cancelled.set()
     assert queue.head().name == "big1"  # big0 is set aside; big's turn is not taken until one of its jobs joins
     queue.put(Job("small1", small))  # big0's place, freed
     with pytest.raises(QueueFull):
-        queue.put(Job("small2", small))
+        queue.put(Job("late"))
     assert [job.name for job in queue.take_set_aside()] == ["big0"]
-    assert [job.name for job in queue.take_all()] == ["big1", "small0", "small1"] and len(queue) == 0
+    assert [job.name for job in queue.take_all()] == ["big1", "small0", "small1", "alone"] and len(queue) == 0
+
+
+def test_a_request_of_many_prompts_holds_half_the_places_and_others_take_the_rest():
+    """A request of as many prompts as the queue holds is taken whole, but its prompts hold half the places (`share`);
+    the rest wait behind them holding none, so other requests still find the other half. A place is freed only when
+    a job that holds one leaves without one behind it to take it over."""
+    queue, a, b, c = WaitingQueue(8), object(), object(), object()
+    assert queue.share == 4
+    for i in range(8):
+        queue.put(Job(f"a{i}", a))  # each taken: before, the queue was full and every other request got 429
+    queue.put(Job("b0", b))
+    for i in range(3):
+        queue.put(Job(f"c{i}", c))
+    for late in (Job("d0"), Job("c3", c)):  # 4 + 1 + 3 places held: a job that needs one is refused
+        with pytest.raises(QueueFull):
+            queue.put(late)
+    assert len(queue) == 12
+    assert queue.pop_if(lambda job: True).name == "a0"  # a4 takes over its place: still none free
+    with pytest.raises(QueueFull):
+        queue.put(Job("d0"))
+    assert queue.pop_if(lambda job: True).name == "b0"  # b's place is freed
+    queue.put(Job("d0"))
+    assert drained(queue) == ["c0", "a1", "d0", "c1", "a2", "c2", "a3", "a4", "a5", "a6", "a7"]
+    assert [WaitingQueue(limit).share for limit in (1, 2, 3, 64)] == [1, 1, 1, 32]
 
 
 def test_a_request_of_many_prompts_does_not_hold_a_later_one_until_it_ends(tmp_path):
@@ -120,3 +144,49 @@ def test_a_request_passed_over_keeps_its_turn_and_a_later_head_that_does_not_fit
     assert queue.pop_if(lambda job: job.name != "other0", passes=at_share) is None
     assert queue.head().name == "big0"
     assert drained(queue) == ["big0", "other0", "big1", "big2"]
+
+
+def test_a_request_of_as_many_prompts_as_the_queue_holds_leaves_other_clients_room(tmp_path):
+    """Served with --max-queue 8 while the batch takes nobody (the model is held): a request of 8 prompts is queued
+    holding 4 places, and two other clients' requests of 1 and 3 prompts take the other 4 (before, the 8 prompts filled
+    the queue and every other client got 429 until they had joined the batch). A request that then needs a place gets
+    429 with Retry-After; one of more prompts than --max-queue, 400 naming the limit. Every queued one is answered."""
+    httpx = pytest.importorskip("httpx")
+    pytest.importorskip("fastapi", reason="attnkit serve needs the serve extra: pip install 'attnkit[serve]'")
+    from serve_helpers import running_server, tiny_run
+
+    answers: dict[str, object] = {}
+    with running_server(tiny_run(tmp_path), max_queue=8, max_batch=4, timeout=60) as (url, app):
+        scheduler = app.state.scheduler
+
+        def ask(name: str, prompts: list[str]) -> None:
+            answers[name] = httpx.post(f"{url}/v1/completions", json={"prompt": prompts, "max_tokens": 2}, timeout=60)
+
+        def waiting(count: int) -> int:  # the prompts waiting, once `count` do (or 30 s have passed)
+            for _ in range(1500):
+                if scheduler.queue_length >= count:
+                    break
+                threading.Event().wait(0.02)
+            return scheduler.queue_length
+
+        clients = [threading.Thread(target=ask, args=(name, ["ab"] * size)) for name, size in
+                   (("big", 8), ("one", 1), ("three", 3))]
+        scheduler.lock.acquire()  # no prompt joins the batch while it is held
+        try:
+            clients[0].start()
+            assert waiting(8) == 8
+            for client in clients[1:]:
+                client.start()
+            assert waiting(12) == 12, {name: answer.status_code for name, answer in answers.items()}
+            ask("late", ["ab"])
+        finally:
+            scheduler.lock.release()
+        for client in clients:
+            client.join(60)
+        ask("too many", ["ab"] * 9)
+    late, too_many = answers.pop("late"), answers.pop("too many")
+    assert late.status_code == 429 and late.headers["retry-after"] == "1", late.text
+    assert too_many.status_code == 400 and too_many.json()["error"]["param"] == "prompt"
+    assert "--max-queue" in too_many.json()["error"]["message"]
+    assert {name: (answer.status_code, len(answer.json()["choices"])) for name, answer in answers.items()} == {
+        "big": (200, 8), "one": (200, 1), "three": (200, 3)}

@@ -343,8 +343,9 @@ def _index(rows: list[int], device: torch.device) -> slice | Tensor:
 class Scheduler:
     """Runs generation jobs with continuous batching on one thread (see the module docstring).
 
-    max_rows: rows decoded together at most (a request of n choices takes n); max_waiting: jobs waiting to join,
-    beyond which `submit` raises QueueFull; decoding: how a step runs (the pipeline's: `attnkit.load`'s `compile`
+    max_rows: rows decoded together at most (a request of n choices takes n); max_waiting: places in the queue of jobs
+    waiting to join (one request's jobs hold at most half, `serve/waiting.py`), beyond which `submit` raises
+    QueueFull; decoding: how a step runs (the pipeline's: `attnkit.load`'s `compile`
     gives a StaticDecoding, see the module docstring), eager by default; prefix_cache: where prompts' prefixes are
     kept and found (`layers/prefix_cache.py`), None to compute every prompt whole; writable: the tokenizer's size,
     where the model's vocabulary is padded past it (the ids from it on are never chosen, `sampling.unwritable_ids`);

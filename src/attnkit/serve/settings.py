@@ -28,7 +28,10 @@ class ServeSettings(DecodeSettings):
     max_batch: int = 32
     """sequences decoded together in one forward pass at most (with --draft: in each batch); one request's n choices
     take at most --max-batch - 1 rows (1 with --max-batch 1), so that a row is left for later requests; more: 400"""
-    max_queue: int = 64  # prompts (not requests) waiting to join the batch at most; beyond, 429 with Retry-After
+    max_queue: int = 64
+    """places for prompts (not requests) waiting to join the batch; beyond, 429 with Retry-After. One request's prompts
+    hold at most half of them (the rest wait behind without a place), so that other clients find room; more prompts
+    than --max-queue in one request: 400"""
     max_tokens: int = 512  # new tokens one request may ask for at most (and the context's room)
     prefix_cache: bool = True  # reuse the keys and values of recent prompts' starts (vLLM's automatic prefix caching)
     prefix_cache_mib: int = 256  # memory the prefix cache takes at most (MiB); beyond, least recently used blocks go

@@ -1,10 +1,18 @@
-"""The requests waiting to join the running batch, at most `limit` jobs of them (the server answers 429 beyond).
+"""The requests waiting to join the running batch, holding at most `limit` places (the server answers 429 beyond).
 Each request takes its turn: a request's jobs (one per prompt) join in the order they came, and the requests take
 turns, one job each, so that a request of many prompts cannot keep a request that came after it waiting until all of
 its prompts have run (Nagle's fair queuing, round robin). A request that arrives takes its turn before the one just
 served. Admission looks at the head job of the request whose turn it is and the cancelled ones met before it, never
 the whole queue; a request that holds its share of the rows is passed over, keeping its turn, and the next request's
 head is looked at (`pop_if`'s passes): at most one head per request.
+
+One request's jobs hold at most `share` places, half the queue's: its further jobs wait behind them holding none,
+and each takes a place as one before it joins the batch. So a request of many prompts never fills the queue and
+turns every other client away with 429 until its prompts have joined (as one request's choices take at most all but
+one of the batch's rows); the other half stays open to the requests after it.
+
+    limit 8, share 4:  A: [ a1 a2 a3 a4 | a5 a6 a7 a8 ]   B: [ b1 ]   C: [ c1 c2 c3 ]   -> 8 places held; D: 429
+                       (a5..a8 hold no place; when a1 joins, a5 takes its place)
 
     submit  ->  A: [ a1  a2~  a3 ]   B: [ b1 ]   C: [ c1~  c2 ]
     admission:  a1 joins (or waits, first, for a free row); then B's b1, then C's c2 (c1~, its client gone, set
@@ -37,8 +45,8 @@ Job = TypeVar("Job", bound=Cancellable)
 
 
 class WaitingQueue(Generic[Job]):
-    """Jobs by request, the requests in turn, at most `limit` jobs. `put` is called from any thread, the rest from the
-    scheduler's; every call holds the queue's lock."""
+    """Jobs by request, the requests in turn, holding at most `limit` places (a request's jobs hold at most `share`).
+    `put` is called from any thread, the rest from the scheduler's; every call holds the queue's lock."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
@@ -49,30 +57,44 @@ class WaitingQueue(Generic[Job]):
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
+        """The jobs waiting, those that hold no place too."""
         return self._size
+
+    @property
+    def share(self) -> int:
+        """The places one request's jobs hold at most: half the queue's (at least one)."""
+        return max(1, self.limit // 2)
 
     def empty(self) -> bool:
         return not self._size
 
     def put(self, job: Job) -> None:
-        """Queue `job` last among its request's; QueueFull when `limit` jobs wait whose clients are still there."""
+        """Queue `job` last among its request's; QueueFull when it needs a place (its request holds fewer than
+        `share`) and `limit` places are held by jobs whose clients are still there."""
+        request = id(job.owner if job.owner is not None else job)
         with self._lock:
-            if self._size >= self.limit:  # rare: the one whole pass, to free the places of cancelled jobs
-                for request, jobs in list(self._turns.items()):
+            if self._full(request):  # rare: the one whole pass, to free the places of cancelled jobs
+                for other, jobs in list(self._turns.items()):
                     self._set_aside += [queued for queued in jobs if queued.cancelled.is_set()]
-                    self._turns[request] = deque(queued for queued in jobs if not queued.cancelled.is_set())
-                    if not self._turns[request]:
-                        self._drop(request)
+                    self._turns[other] = deque(queued for queued in jobs if not queued.cancelled.is_set())
+                    if not self._turns[other]:
+                        self._drop(other)
                 self._size = sum(map(len, self._turns.values()))
-                if self._size >= self.limit:
+                if self._full(request):
                     raise QueueFull
-            request = id(job.owner if job.owner is not None else job)
             if request not in self._turns:
                 self._turns[request] = deque()
                 if self._served in self._turns:  # the newcomer's turn comes before the request just served
                     self._turns.move_to_end(self._served)
             self._turns[request].append(job)
             self._size += 1
+
+    def _full(self, request: int) -> bool:
+        """Whether a job of `request` finds no place: its request holds fewer than `share` and `limit` are held
+        (a request's jobs beyond its share hold none)."""
+        if len(self._turns.get(request, ())) >= self.share or self._size < self.limit:
+            return False
+        return sum(min(len(jobs), self.share) for jobs in self._turns.values()) >= self.limit
 
     def head(self) -> Job | None:
         """The head job of the request whose turn it is, left queued (None: none waits); the cancelled jobs met

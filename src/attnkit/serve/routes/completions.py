@@ -65,7 +65,9 @@ def router(state: ServerState) -> APIRouter:
         if body.stream_options is not None and not body.stream:  # as OpenAI and vLLM refuse it
             raise APIError(400, "stream_options is read only when the answer is streamed: send stream: true, or "
                            "leave stream_options out", param="stream_options")
-        if len(prompts) > settings.max_queue:  # they could never wait in the queue together: no retry succeeds
+        # a request's prompts are bounded as the queue is: no retry could take more (half of them hold places
+        # in the queue, the rest wait behind them, `serve/waiting.py`)
+        if len(prompts) > settings.max_queue:
             raise APIError(400, f"this request has {len(prompts)} prompts; this server queues at most "
                            f"{settings.max_queue} (--max-queue): send at most that many per request", param="prompt")
         loop = asyncio.get_running_loop()
