@@ -14,6 +14,7 @@ from attnkit.cli import main
 from attnkit.errors import InputError
 from attnkit.generate.decoder import generate_tokens
 from attnkit.inspect.command import InspectSettings, run_inspect
+from attnkit.inspect.report import markdown
 from attnkit.inspect.steering import contrast_vector, steering
 from attnkit.tokenize import load_tokenizer
 
@@ -88,3 +89,9 @@ def test_an_encoder_run_is_refused(runs, tmp_path):
     with pytest.raises(InputError, match="steer continues a text, which a decoder run does; this run is .encoder."):
         run_inspect(InspectSettings(run=str(runs["clf"]), analysis="steer", text=("abc",), steer=("ab", "cd"),
                                     out=str(tmp_path)))
+
+
+def test_a_line_break_in_a_cell_keeps_the_markdown_row_whole():
+    """A continuation is text with line breaks; each would end its table row in steer.md."""
+    table = markdown("t", {}, [{"prompt": "a", "steered": "x\ny"}]).splitlines()
+    assert table[-1] == "| a | x<br>y |"

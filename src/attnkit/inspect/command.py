@@ -1052,8 +1052,9 @@ def _continued(model: nn.Module, prompt: Tensor, *, tokens: int, temperature: fl
 
 
 def _side_by_side(prompt: str, written: dict[str, str], steered: str) -> str:
-    """The two continuations of `prompt` as two wrapped columns, the unsteered left."""
-    columns = [textwrap.wrap(written[name].replace("\n", " "), COLUMN) or [""] for name in ("unsteered", "steered")]
+    """The two continuations of `prompt` as two wrapped columns, the unsteered left (line breaks written \\n)."""
+    columns = [textwrap.wrap(written[name].replace("\n", "\\n"), COLUMN, drop_whitespace=False) or [""]
+               for name in ("unsteered", "steered")]  # a line break shown as \n, so the columns stay side by side
     lines = [f"prompt: {prompt!r}", f"{'unsteered':<{COLUMN}} | steered: {steered}"]
     lines += [f"{left:<{COLUMN}} | {right}" for left, right in itertools.zip_longest(*columns, fillvalue="")]
     return "\n".join(lines)

@@ -45,8 +45,8 @@ def markdown(title: str, summary: dict[str, Any], rows: list[dict[str, Any]]) ->
     if rows:
         columns = list(rows[0])
         lines += ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-        lines += ["| " + " | ".join("" if row.get(c) is None else str(row.get(c)) for c in columns) + " |"
-                  for row in rows]
+        lines += ["| " + " | ".join("" if row.get(c) is None else str(row.get(c)).replace("\n", "<br>")
+                                    for c in columns) + " |" for row in rows]  # a line break would end the row
     return "\n".join(lines) + "\n"
 
 
