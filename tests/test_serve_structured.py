@@ -257,6 +257,10 @@ def test_constrained_and_free_http_requests_together_each_get_what_they_asked(se
      '"type": "text"'),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}],
       "tool_choice": "required"}, "tools", 'tools[0].function.parameters is a schema of type "string"'),
+    ({"tools": [{"type": "function", "function": {"name": "f"}},
+                {"type": "function", "function": {"name": "g", "parameters": {"type": "array"}}}],
+      "tool_choice": {"type": "function", "function": {"name": "g"}}},
+     "tools", 'tools[1].function.parameters is a schema of type "array"'),  # its place in tools, not among the chosen
     ({"messages": [{"role": "user", "content": "hi"}, {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]},
      "messages", "messages[1] is a tool message, but no assistant message with tool_calls comes before it"),
     ({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": [

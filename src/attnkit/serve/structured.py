@@ -91,6 +91,12 @@ class Structured:
         if choice is not None and choice != "none" and not body.tools:
             raise APIError(400, "tool_choice needs tools: give the functions in tools, or leave tool_choice out",
                            param="tool_choice")
+        for index, tool in enumerate(body.tools or []):  # each tool given, at its place in the list (as OpenAI)
+            parameters = tool.function.parameters
+            if parameters is not None and parameters.get("type", "object") != "object":
+                raise APIError(400, f"tools[{index}].function.parameters is a schema of type "
+                               f"{json.dumps(parameters['type'])}; a function's arguments are a JSON object: give "
+                               '{"type": "object", "properties": {...}}, as OpenAI requires', param="tools")
         tools = list(body.tools or []) if choice != "none" else []
         names = [tool.function.name for tool in tools]
         if len(set(names)) < len(names):
@@ -102,14 +108,9 @@ class Structured:
             tools = [tool for tool in tools if tool.function.name == choice.function.name]
         if not tools:
             return cls(Grammar.json_schema(form)) if form is not None else None
-        for index, tool in enumerate(tools):
-            parameters = tool.function.parameters
-            if parameters is not None and parameters.get("type", "object") != "object":
-                raise APIError(400, f"tools[{index}].function.parameters is a schema of type "
-                               f"{json.dumps(parameters['type'])}; a function's arguments are a JSON object: give "
-                               '{"type": "object", "properties": {...}}, as OpenAI requires', param="tools")
-            if parameters is not None:
-                _check_finite(parameters, "tools")
+        for tool in tools:
+            if tool.function.parameters is not None:
+                _check_finite(tool.function.parameters, "tools")
         calls = [_call_schema(tool.function.name, tool.function.parameters) for tool in tools]
         call = calls[0] if len(calls) == 1 else {"anyOf": calls}
         lines = [f'call: "{TOOL_CALL}" %json {json.dumps({**call, "x-guidance": JSON_STYLE})}']
