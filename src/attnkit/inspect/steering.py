@@ -17,8 +17,8 @@ paper's alignment of the pair with the front of the prompt:
 Steering is an edit of `inspect.hooked`, the one mechanism that caches and intervenes: nothing is attached outside
 the context. Under a KV cache each call sees only its new positions; the block's cache says where they begin, so a
 position is steered once, when it is first computed, and its cached keys and values carry the change on. Positions
-count the input's columns from 0 (a left-padded batch's padding too). Decode eagerly under steering
-(`generate_tokens`, a Pipeline loaded without compile): a compiled step is traced once, without the hooks.
+count the input's columns from 0 (a left-padded batch's padding too). Steering is tested with eager decoding
+(`generate_tokens`, a Pipeline loaded without compile), not with a compiled decoding step.
 """
 
 from __future__ import annotations
