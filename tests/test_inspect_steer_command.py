@@ -56,6 +56,21 @@ def test_greedy_continuations_are_generate_tokens_with_and_without_the_steering(
     assert "unsteered" in logged and "+30 x ('gggggg' - 'aaaaaa') at blocks.0.resid_pre" in logged
 
 
+def test_a_pipeline_writes_the_same_steered_text(run):
+    """`steering` takes a pipeline from attnkit.load as it takes its model; Pipeline.generate decodes through it."""
+    from attnkit.generate import load
+
+    pipeline = load(run, device="cpu")
+    tokenizer = pipeline.tokenizer
+    pair = [torch.tensor([tokenizer.encode(t)]) for t in ("gggggg", "aaaaaa")]
+    vector = contrast_vector(pipeline, "blocks.0.resid_pre", *pair)
+    with steering(pipeline, "blocks.0.resid_pre", vector, coeff=30.0):
+        text = pipeline.generate("abc de", max_new_tokens=12, temperature=0, stop_at_eos=False)[0]
+        tokens = generate_tokens(pipeline.model, [tokenizer.encode("abc de")], max_new_tokens=12, context_len=24)[0]
+    assert text == tokenizer.decode(tokens)
+    assert text != pipeline.generate("abc de", max_new_tokens=12, temperature=0, stop_at_eos=False)[0]
+
+
 def test_one_seed_gives_both_continuations(run, tmp_path):
     """Sampled, coefficient 0: the two texts are the same draw."""
     report = _steer(run, tmp_path, text=("abc", "hij"), steer=("ggg", "aaa"), coeff=0.0, tokens=10, seed=3)
