@@ -2,14 +2,16 @@
 # The Python packages attnkit needs that a GPU machine's image may lack, as wheels in .whl/ (ignored by git), for an
 # image with Python 3.12 on x86-64, at the versions this checkout's .venv runs. PyTorch's GPU images hold torch,
 # transformers, tokenizers, safetensors, numpy, matplotlib, sacrebleu, httpx, pytest and hypothesis, but not the
-# server's packages (fastapi, starlette, pydantic, uvicorn), the tagging task's (seqeval, conllu) nor Liger Kernel
-# (the gpu extra's fused loss). Where such a machine fetches nothing, the wheels go along with the checkout and
-# benchmarks/gpu_session.sh installs them.
+# server's packages (fastapi, starlette, pydantic, uvicorn; FastAPI imports opentelemetry-api whenever it is imported,
+# and pydantic needs a typing-extensions newer than the image may hold), the tagging task's (seqeval, conllu) nor
+# Liger Kernel (the gpu extra's fused loss). Where such a machine fetches nothing, the wheels go along with the
+# checkout and benchmarks/gpu_session.sh installs them.
 #
 #   bash benchmarks/gpu_wheels.sh            # from the repository root, with .venv built (make test)
 set -euo pipefail
 py=.venv/bin/python
-packages="fastapi starlette pydantic pydantic-core annotated-types typing-inspection uvicorn conllu seqeval"
+packages="fastapi starlette pydantic pydantic-core annotated-types typing-inspection typing-extensions opentelemetry-api
+          uvicorn conllu seqeval"
 pins=$($py - $packages <<'EOF'
 import sys
 from importlib.metadata import version
