@@ -1,5 +1,6 @@
-"""The model families (encoder, decoder, encoder-decoder, recurrent LM, recurrent seq2seq), each registered once in
-`families.py`, and `build_model`, which makes any of them from its config."""
+"""The model families (decoder, encoder, encoder-decoder, recurrent LM, recurrent seq2seq, convolutional LM,
+feed-forward LM), each registered once in `families.py`, and `build_model`, which makes any of them from its
+config."""
 
 from attnkit.models.decoder import DecoderLM
 from attnkit.models.encoder import EncoderClassifier, EncoderMaskedLM, EncoderModel
