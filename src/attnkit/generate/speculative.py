@@ -241,7 +241,7 @@ def check_speculation_fits(models: Sequence[nn.Module], batch: int, positions: i
     """InputError, before any is allocated, when the caches of `models` (target and draft: `batch` rows of
     `positions` positions each, every position kept) and a round's scores (the target's over K + 1 positions, the
     draft's over K, fp32, with a working copy each) cannot fit in the memory free on `device` (as beam search checks
-    its hypotheses, `Pipeline._check_search_fits`). A cache's size per position is read from one of a single
+    its hypotheses before a search in `Pipeline.generate`). A cache's size per position is read from one of a single
     position (`kv_bytes_per_position`)."""
     per_position = sum(kv_bytes_per_position(model, batch) for model in models)
     need = per_position * positions + 2 * batch * (2 * draft_tokens + 1) * vocab * 4

@@ -23,7 +23,7 @@ import copy
 from collections.abc import Sequence
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from attnkit.errors import InputError
 
@@ -284,10 +284,11 @@ class StaticKVCache(KVCache):
             layer.length = position + 1
 
 
-def kv_bytes_per_position(model, batch_size: int = 1) -> int:
+def kv_bytes_per_position(model: nn.Module, batch_size: int = 1) -> int:
     """The bytes one position of the KV cache `model.allocate_cache` gives `batch_size` rows takes (every layer's keys
     and values), read from a cache of one position, every position kept (`rolling=False`), so each layout (GQA, MQA,
-    sliding windows, the cache's dtype) counts as it is allocated."""
+    sliding windows, the cache's dtype) counts as it is allocated. `model`: a decoder-only model (`DecoderLM`), whose
+    `allocate_cache` takes `rolling`. Beam search's memory check (`Pipeline`) and speculative decoding's read it."""
     return model.allocate_cache(batch_size, 1, rolling=False).nbytes
 
 

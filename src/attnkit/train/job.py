@@ -380,9 +380,10 @@ def _prepare(request: TrainRequest, *, translate: Translator | None, load_hf: HF
 
 
 def _trained_parameters(config: ModelConfig, settings: TrainConfig, n_model: int) -> tuple[int, int]:
-    """(all the parameters, those --freeze or LoRA keeps frozen) of the model `config` builds (`n_model` of its
-    own), LoRA's adapters included, counted on the meta device: the head modules count as training, as a fresh one
-    does under LoRA."""
+    """(all the parameters, those --freeze or LoRA keeps frozen) of the model `config` builds, LoRA's adapters
+    included, counted on the meta device: the head modules count as training, as a fresh one does under LoRA.
+    `n_model`: `count_parameters(config)`, the caller's count of the model without adapters (the answer where
+    nothing is fine-tuned)."""
     if not settings.init_from:  # nothing is frozen but in a fine-tune
         return n_model, 0
     with torch.device("meta"):
