@@ -8,7 +8,7 @@ Each kernel times (1, H, 1, D) queries against S cached keys (views into a longe
 the kernels taking turns within each round, best of `--rounds`, in this process's CPU time (`time.process_time`), one
 thread. The token rows swap the one-query kernel in and out of the plan's math kernel on the live model, in turns,
 and give the median of the rounds' ratios. Results: benchmarks/results/decode-attention-cpu.json and .md, with the
-CPU's capabilities and the load average; `plan.ONE_QUERY_SPEEDUP` quotes the bf16 range of the kernel rows.
+CPU's capabilities and the load average; `plan.ONE_QUERY_SPEEDUP` quotes each dtype's range of the kernel rows.
 """
 
 from __future__ import annotations

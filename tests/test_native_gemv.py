@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from described_cpus import AVX2, AVX512, AVX512_BF16, BASELINE
-from torch import nn
+from torch import Tensor, nn
 
 from attnkit import ModelConfig, build_model, cli
 from attnkit.checkpoint import save_model
@@ -33,7 +33,7 @@ from attnkit.generate.quantize import (
     NativeInt8Linear,
     int4_reference,
 )
-from attnkit.layers.kernels import use_math_kernel
+from attnkit.layers.kernels import grouped_attention, use_math_kernel
 from attnkit.machine import DEFAULT_PROFILE, CpuCapabilities, Profile
 from attnkit.tokenize import CharTokenizer
 
@@ -604,18 +604,40 @@ def test_a_profile_measured_without_the_native_kernels_is_measured_again_once_th
 
 
 # one decoding query's attention -------------------------------------------------------------------------------------
-@pytest.mark.parametrize(("shapes", "problem"), [
-    (((1, 2, 2, 8), (1, 2, 5, 8)), "two queries a head"),
-    (((1, 2, 1, 8), (1, 2, 0, 8)), "no keys"),
-    (((1, 3, 1, 8), (1, 2, 5, 8)), "query heads not a multiple of key heads"),
-    (((1, 2, 1, 8), (1, 2, 5, 4)), "another head width"),
-    (((2, 2, 1, 8), (1, 2, 5, 8)), "another batch"),
+def _one_query_inputs(q_shape: tuple[int, ...], k_shape: tuple[int, ...], v: str = "same") -> tuple[Tensor, ...]:
+    """q and k of these shapes, v like k: "same", "shorter" (a key fewer), "meta" (no memory to read), "strided" (every
+    other element along D) or "grad" (q asking for a gradient)."""
+    q, k = torch.randn(q_shape), torch.randn(k_shape)
+    values = {"same": k.clone(), "shorter": k[:, :, 1:].clone(), "meta": k.to("meta"),
+              "strided": torch.randn(*k_shape[:-1], 2 * k_shape[-1])[..., ::2], "grad": k.clone()}[v]
+    return q.requires_grad_(v == "grad"), k, values
+
+
+@pytest.mark.parametrize(("q_shape", "k_shape", "v", "problem"), [
+    ((1, 2, 2, 8), (1, 2, 5, 8), "same", "two queries a head"),
+    ((1, 2, 1, 8), (1, 2, 0, 8), "same", "no keys"),
+    ((1, 3, 1, 8), (1, 2, 5, 8), "same", "query heads not a multiple of key heads"),
+    ((1, 2, 1, 8), (1, 0, 5, 8), "same", "no key heads"),
+    ((1, 2, 1, 8), (1, 2, 5, 4), "same", "another head width"),
+    ((2, 2, 1, 8), (1, 2, 5, 8), "same", "another batch"),
+    ((1, 2, 1, 8), (2, 5, 8), "same", "keys without a batch dimension"),
+    ((1, 2, 1, 8), (1, 2, 5, 8), "shorter", "values of another shape"),
+    ((1, 2, 1, 8), (1, 2, 5, 8), "meta", "values in no memory"),
+    ((1, 2, 1, 8), (1, 2, 5, 8), "strided", "values strided along D"),
+    ((1, 2, 1, 8), (1, 2, 5, 8), "grad", "a query asking for a gradient"),
 ])
-def test_the_one_query_kernel_refuses_inputs_it_would_misread(shapes, problem):
+def test_the_one_query_kernel_refuses_inputs_it_would_misread(q_shape, k_shape, v, problem):
+    """Each is refused with a ValueError (never read: the meta tensor's address ended the process before), and the
+    plan's kernel declines it, so that attention takes the float32 products."""
     _require_kernels()
-    q, k = (torch.randn(shape) for shape in shapes)
+    q, k, values = _one_query_inputs(q_shape, k_shape, v)
     with pytest.raises(ValueError, match="attend_one takes one CPU query a head"):
-        native_gemv.attend_one(q, k, k.clone(), 0.5)
+        native_gemv.attend_one(q, k, values, 0.5)
+    assert native_gemv.attend_one_query(q, k, values, 0.5) is None
+    if v == "grad":
+        with torch.no_grad():  # no gradient asked for: the kernel serves
+            torch.testing.assert_close(native_gemv.attend_one(q, k, values, 0.5),
+                                       grouped_attention(q, k, values, None, scale=0.5))
     assert native_gemv.attend_one_query(q[:, :, :1], k[..., :1], k[..., :1].half(), 0.5) is None  # fp16 values
 
 
@@ -645,8 +667,60 @@ def test_the_plan_hands_bf16_decoding_the_one_query_kernel_and_attention_takes_i
     assert generate_tokens(model, prompt, max_new_tokens=6, context_len=64) == with_kernel
 
 
+def _step_logits(model: nn.Module, *, rolling: bool) -> Tensor:
+    """The last logits (V,) of a prompt of 8 and of 8 decoding steps after it through a 24-position cache -> (9, V)."""
+    cache = model.allocate_cache(1, 24, rolling=rolling)
+    with torch.no_grad():
+        out = [model(torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]]), cache=cache).logits[0, -1]]
+        out += [model(torch.tensor([[token]]), cache=cache).logits[0, -1] for token in range(7, 15)]
+    return torch.stack(out).float()
+
+
+@pytest.mark.parametrize(("variant", "keys_read"), [
+    ({"attention_window": 4}, {True: {4}, False: set()}),  # a rolling cache holds the window; a full one is masked
+    ({"attention_window": 4, "global_every": 2}, {True: {4, *range(9, 17)}, False: set(range(9, 17))}),
+    ({"position": "alibi"}, {True: set(), False: set()}),  # a score bias: never the kernel
+    ({"position": "relative"}, {True: set(), False: set()}),  # Shaw's bias and value term: never the kernel
+    ({"attn_softcap": 0.5}, {True: set(), False: set()}),  # soft-capped scores: never the kernel
+], ids=["window", "window, global layers", "alibi", "relative", "soft-cap"])
+def test_the_one_query_kernel_serves_only_the_queries_that_see_every_key_they_are_given(variant, keys_read,
+                                                                                        monkeypatch):
+    """A decoding query whose window hides cached keys, whose scores take ALiBi's bias or a soft cap, goes to the
+    paths that apply them; the kernel reads only what the query sees (a rolling cache's window, a global layer's
+    keys), and each step's logits are those of the float32 products bit for bit."""
+    _require_kernels()
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(family="decoder", vocab_size=40, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
+                                    max_seq_len=24, **variant)).eval().to(torch.bfloat16)
+    plan = plan_inference(model, "decoder", profile=DEFAULT_PROFILE)
+    plan.apply(model)
+    kernel = native_gemv.attend_one
+    for rolling in (True, False):
+        lengths = []  # the key count of each call of the kernel
+
+        def counted(q: Tensor, k: Tensor, v: Tensor, scale: float, lengths: list[int] = lengths) -> Tensor:
+            lengths.append(k.shape[2])
+            return kernel(q, k, v, scale)
+
+        monkeypatch.setattr(native_gemv, "attend_one", counted)
+        served = _step_logits(model, rolling=rolling)
+        monkeypatch.undo()
+        assert set(lengths) == keys_read[rolling]
+        use_math_kernel(model, replace(plan.math_kernel, one_query=None))
+        assert torch.equal(served, _step_logits(model, rolling=rolling))
+        use_math_kernel(model, plan.math_kernel)
+
+
 def test_the_plans_one_query_figures_are_those_its_results_file_records():
-    """`plan.ONE_QUERY_SPEEDUP` is the range of bf16's float32 products over the native kernel in the results file."""
+    """`plan.ONE_QUERY_SPEEDUP` is each dtype's range of the float32 products over the native kernel in the results
+    file, and the plan quotes its own dtype's."""
     results = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "decode-attention-cpu.json"
-    ratios = [row["math_over_native"] for row in json.loads(results.read_text())["kernels"]["bf16"]]
-    assert ONE_QUERY_SPEEDUP == (round(min(ratios), 1), round(max(ratios), 1))
+    kernels = json.loads(results.read_text())["kernels"]
+    ratios = {dtype: [row["math_over_native"] for row in rows] for dtype, rows in kernels.items()}
+    assert ONE_QUERY_SPEEDUP == {dtype: (round(min(each), 1), round(max(each), 1)) for dtype, each in ratios.items()}
+    _require_kernels()
+    limits = DEFAULT_PROFILE.attention["bf16"]
+    fp32_products = replace(DEFAULT_PROFILE, attention={**DEFAULT_PROFILE.attention, "fp32": limits})
+    plan = plan_inference(_decoder(), "decoder", profile=fp32_products)  # fp32 decoding sent to the products
+    assert plan.math_kernel.one_query is native_gemv.attend_one_query
+    assert "(1.4-2.7x faster than the float32 products, measured)" in plan.explain()

@@ -423,10 +423,15 @@ ONE_QUERY_DTYPES = (torch.float32, torch.bfloat16)  # what `attend_one` reads
 
 
 def attends_one(q: Tensor, k: Tensor, v: Tensor) -> bool:
-    """Whether `attend_one` takes these: one query a head (T = 1) on the CPU against at least one key, q, k and v of one
-    dtype it reads, each with D's stride 1, outside a traced step (which cannot call into C)."""
-    return (q.shape[2] == 1 and k.shape[2] > 0 and q.is_cpu and q.dtype in ONE_QUERY_DTYPES
-            and q.dtype == k.dtype == v.dtype and q.stride(-1) == k.stride(-1) == v.stride(-1) == 1 and not tracing())
+    """Whether `attend_one` takes these: q (B, H, 1, D) and k, v (B, Hkv, S, D) of one shape, S >= 1 and H a multiple
+    of Hkv, all in CPU memory (the kernel reads their addresses), of one dtype it reads, k and v with D's stride 1; no
+    gradient asked for (the kernel records none); outside a traced step (which cannot call into C)."""
+    return (q.dim() == k.dim() == 4 and k.shape == v.shape and q.shape[2] == 1 and k.shape[2] > 0
+            and k.shape[1] > 0 and q.shape[1] % k.shape[1] == 0 and (q.shape[0], q.shape[3]) == (k.shape[0], k.shape[3])
+            and q.is_cpu and k.is_cpu and v.is_cpu and q.dtype in ONE_QUERY_DTYPES and q.dtype == k.dtype == v.dtype
+            and k.stride(-1) == v.stride(-1) == 1
+            and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))
+            and not tracing())
 
 
 def attend_one(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
@@ -434,11 +439,11 @@ def attend_one(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
     k and v (B, Hkv, S, D) views at any strides but D's, H a multiple of Hkv (grouped queries) -> (B, H, 1, D) in q's
     dtype. No mask: a decoding query may see every key its cache holds. Raises ValueError for inputs `attends_one`
     refuses and MemoryError where the kernel's scratch (S + D floats) cannot be had."""
-    if not attends_one(q, k, v) or k.shape != v.shape or q.shape[1] % k.shape[1] or q.shape[-1] != k.shape[-1] \
-            or q.shape[0] != k.shape[0]:
+    if not attends_one(q, k, v):
         raise ValueError(f"attend_one takes one CPU query a head, q (B, H, 1, D) and k, v (B, Hkv, S >= 1, D) of "
-                         f"one float32 or bfloat16 dtype with D's stride 1; got {tuple(q.shape)} {q.dtype}, "
-                         f"{tuple(k.shape)} {k.dtype}, {tuple(v.shape)} {v.dtype}")
+                         f"one float32 or bfloat16 dtype with D's stride 1, needing no gradient; got {tuple(q.shape)} "
+                         f"{q.dtype} {q.device}, {tuple(k.shape)} {k.dtype} {k.device}, {tuple(v.shape)} {v.dtype} "
+                         f"{v.device}")
     batch, heads, _, dim = q.shape
     q = q.contiguous()  # (B, H, 1, D): a fused projection's view is strided
     out = torch.empty_like(q)

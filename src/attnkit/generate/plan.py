@@ -370,9 +370,9 @@ def _padding(model: nn.Module, linear: str) -> str:
     return f"; in-widths padded with zero inputs ({padded}): {why}"
 
 
-# One bf16 decoding query (6 heads of 64, one thread, CPU time, `python -m benchmarks decode_attention`,
+# One decoding query (6 heads of 64, one thread, CPU time, `python -m benchmarks decode_attention`,
 # benchmarks/results/decode-attention-cpu.md): the native one-query kernel against the math kernel's float32 products
-ONE_QUERY_SPEEDUP = (2.2, 3.4)  # over 16 to 512 cached keys
+ONE_QUERY_SPEEDUP = {"bf16": (2.2, 3.4), "fp32": (1.4, 2.7)}  # dtype -> the range over 16 to 512 cached keys
 
 
 def _attention_kernel(
@@ -386,7 +386,7 @@ def _attention_kernel(
         return None, "fused, keeps no (T, S) weights" + (f"; {profile_note}" if device.type == "cpu" else "")
     why = f"faster than SDPA there for {dtype_name(dtype)}; {profile_note}"
     if dtype in native_gemv.ONE_QUERY_DTYPES and cpu is not None and not compile and not native_gemv.unavailable(cpu):
-        low, high = ONE_QUERY_SPEEDUP
+        low, high = ONE_QUERY_SPEEDUP[dtype_name(dtype)]
         kernel = replace(kernel, one_query=native_gemv.attend_one_query)
         why += (f"; a single decoding query through the native one-query kernel ({low}-{high}x faster than the float32 "
                 "products, measured)")
