@@ -26,8 +26,9 @@ from torch import nn
 import attnkit
 from attnkit import cli
 from attnkit.config import ConvLMConfig, ModelConfig
+from attnkit.errors import InputError
 from attnkit.models import build_model
-from attnkit.models.convolutional import ConvLM
+from attnkit.models.convolutional import ConvLM, ConvState
 
 VOCAB = 11
 
@@ -164,6 +165,14 @@ def test_a_short_training_run_lowers_the_loss():
 
 def test_bad_inputs_are_clear_errors():
     assert_bad_inputs_are_clear_errors(_model(), VOCAB)
+
+
+def test_a_step_of_another_batch_than_the_states_is_refused_naming_both():
+    """A state holds its rows' past inputs: a step of 2 rows after a prefill of 3 was torch.cat's size error."""
+    model, state = _model(), ConvState()
+    model(torch.zeros(3, 4, dtype=torch.long), cache=state)
+    with pytest.raises(InputError, match=r"^the ConvState holds 3 sequences but input_ids holds 2; .*batch_size=2$"):
+        model(torch.zeros(2, 1, dtype=torch.long), cache=state)
 
 
 @pytest.mark.parametrize(("fields", "words"), [

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
+from attnkit.errors import InputError
 from attnkit.layers.embedding import check_token_ids
 from attnkit.models.convolutional.gated import GatedConvBlock
 from attnkit.models.stateful_lm import StatefulLM, step_mask
@@ -47,6 +48,13 @@ class ConvState:
         seen = torch.cat((before, x), dim=2)  # (B, C, reach + T)
         self.inputs[block] = seen[:, :, seen.shape[2] - reach:]  # (B, C, reach)
         return before
+
+    def check_rows(self, rows: int) -> None:
+        """InputError where the state already holds another number of sequences than `rows` (a step's batch)."""
+        held = next(iter(self.inputs.values()), None)
+        if held is not None and held.shape[0] != rows:
+            raise InputError(f"the ConvState holds {held.shape[0]} sequences but input_ids holds {rows}; continue "
+                             f"each with its own state, or allocate one with batch_size={rows}")
 
     def reorder(self, index: Tensor) -> None:
         """Keep batch rows `index` (B',), e.g. the surviving hypotheses of beam search."""
@@ -94,6 +102,8 @@ class ConvLM(StatefulLM):
         cache: the `ConvState` to continue from; updated in place to hold each block's last inputs.
         """
         check_token_ids(input_ids, self.vocab_size)
+        if cache is not None:
+            cache.check_rows(input_ids.shape[0])
         mask = step_mask(attention_mask, input_ids)  # bool (B, T), or None: no padding
         hidden = self.body(input_ids, mask, cache)
         if cache is None:
