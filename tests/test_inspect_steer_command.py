@@ -71,6 +71,42 @@ def test_a_pipeline_writes_the_same_steered_text(run):
     assert text != pipeline.generate("abc de", max_new_tokens=12, temperature=0, stop_at_eos=False)[0]
 
 
+def test_beam_search_and_speculative_decoding_write_the_steered_models_texts(run):
+    """Beams: the texts of a reference hook adding the pair at the prompt's columns in its one prefill call.
+    A draft: the steered model's own greedy text, its rejected drafts computed (and steered) again."""
+    from attnkit.generate import load
+
+    pipeline, draft = load(run, device="cpu"), load(run, device="cpu")
+    pair = [torch.tensor([pipeline.tokenizer.encode(t)]) for t in ("gggggg", "aaaaaa")]
+    vector = contrast_vector(pipeline, "blocks.0.resid_pre", *pair)  # (6, C)
+
+    def add_front(module, args):  # block 0's input (B, T, C) in the prefill: + 30 v at columns 0..5
+        x = args[0]
+        return None if x.shape[1] == 1 else (torch.cat([x[:, :6] + 30.0 * vector, x[:, 6:]], dim=1), *args[1:])
+
+    beams = {"num_beams": 3, "num_return_sequences": 2, "max_new_tokens": 10, "stop_at_eos": False}
+    handle = pipeline.model.stack.blocks[0].register_forward_pre_hook(add_front)
+    try:
+        expected = pipeline.generate("abc de", **beams)
+    finally:
+        handle.remove()
+    greedy = {"max_new_tokens": 12, "temperature": 0, "stop_at_eos": False}
+    with steering(pipeline, "blocks.0.resid_pre", vector, coeff=30.0):
+        assert pipeline.generate("abc de", **beams) == expected
+        alone = pipeline.generate("abc de", **greedy)
+        assert pipeline.generate("abc de", draft=draft, draft_tokens=3, **greedy) == alone
+    assert expected != pipeline.generate("abc de", **beams)
+    assert alone != pipeline.generate("abc de", **greedy)
+
+
+def test_a_compiled_pipeline_is_refused(run):
+    from attnkit.generate import load
+
+    pipeline = load(run, device="cpu", compile=True)  # the step compiles at its first call: nothing compiled yet
+    with pytest.raises(InputError, match="loaded with compile=True.*load it without compile"):
+        steering(pipeline, "blocks.0.resid_pre", torch.zeros(16)).__enter__()
+
+
 def test_one_seed_gives_both_continuations(run, tmp_path):
     """Sampled, coefficient 0: the two texts are the same draw."""
     report = _steer(run, tmp_path, text=("abc", "hij"), steer=("ggg", "aaa"), coeff=0.0, tokens=10, seed=3)
@@ -110,3 +146,9 @@ def test_a_line_break_in_a_cell_keeps_the_markdown_row_whole():
     """A continuation is text with line breaks; each would end its table row in steer.md."""
     table = markdown("t", {}, [{"prompt": "a", "steered": "x\ny"}]).splitlines()
     assert table[-1] == "| a | x<br>y |"
+
+
+def test_a_bar_in_a_cell_is_escaped():
+    """A continuation such as `a | b` would otherwise split its cell in two and shift the row's columns."""
+    table = markdown("t", {}, [{"prompt": "a|b", "steered": "x || y"}]).splitlines()
+    assert table[-1] == "| a\\|b | x \\|\\| y |"

@@ -10,6 +10,7 @@ from torch import nn
 from attnkit.config import ModelConfig
 from attnkit.errors import InputError
 from attnkit.generate.decoder import generate_tokens
+from attnkit.generate.static_decode import StaticDecoding
 from attnkit.inspect import trace
 from attnkit.inspect.sae import SAEConfig, SparseAutoencoder
 from attnkit.inspect.steering import contrast_vector, feature_direction, probe_direction, steering
@@ -64,6 +65,59 @@ def test_cached_steered_decoding_equals_the_uncached_steered_forward(position):
     assert full[0, PROMPT.shape[1] - 1:-1].argmax(-1).tolist() == tokens  # greedy: each token the steered argmax
     unsteered = generate_tokens(model, PROMPT.tolist(), max_new_tokens=6, context_len=32)[0]
     assert tokens != unsteered  # the steering changed the text (and is gone after the context)
+
+
+@pytest.mark.parametrize("position", ["learned", "rope"])
+def test_a_prompt_is_steered_alike_alone_and_in_a_left_padded_batch(position):
+    """Positions are each row's own (its position_ids): a (3, C) vector from 0 lands on every prompt's first three
+    tokens, not on a shorter prompt's padding."""
+    model = _model(position=position)
+    vector = torch.randn(3, 16, generator=torch.Generator().manual_seed(2))
+    prompts = [PROMPT[0].tolist(), [11, 4], [30, 2, 8, 6]]
+    with steering(model, "blocks.0.resid_pre", vector, coeff=6.0):
+        batched = generate_tokens(model, prompts, max_new_tokens=6, context_len=32)
+        alone = [generate_tokens(model, [p], max_new_tokens=6, context_len=32)[0] for p in prompts]
+    assert batched == alone
+    assert alone != [generate_tokens(model, [p], max_new_tokens=6, context_len=32)[0] for p in prompts]
+
+
+@pytest.mark.parametrize("vector_rows", [None, 3])
+def test_a_static_cache_decodes_as_the_eager_cache_under_steering(vector_rows):
+    """StaticDecoding's eager step (a StaticKVCache counts the position it writes as cached before the step runs)
+    writes the steered text EagerDecoding writes."""
+    model = _model()
+    shape = (16,) if vector_rows is None else (vector_rows, 16)
+    vector = torch.randn(*shape, generator=torch.Generator().manual_seed(3))
+    with steering(model, "blocks.1.resid_pre", vector, coeff=5.0, start=4):
+        eager = generate_tokens(model, PROMPT.tolist(), max_new_tokens=6, context_len=32)
+        static = generate_tokens(model, PROMPT.tolist(), max_new_tokens=6, context_len=32,
+                                 decoding=StaticDecoding(model, compile=False))
+    assert static == eager
+    assert eager != generate_tokens(model, PROMPT.tolist(), max_new_tokens=6, context_len=32)
+
+
+def test_a_sliding_window_cache_counts_absolute_positions():
+    """A rolling cache keeps `window` positions; steering from position 6 on still starts at position 6."""
+    model = _model(attention_window=4)
+    vector = torch.randn(16, generator=torch.Generator().manual_seed(4))
+    with steering(model, "blocks.1.resid_pre", vector, coeff=5.0, start=6):
+        tokens = generate_tokens(model, PROMPT.tolist(), max_new_tokens=8, context_len=32)[0]
+        full = _logits(model, torch.cat([PROMPT, torch.tensor([tokens])], dim=1))
+    assert full[0, PROMPT.shape[1] - 1:-1].argmax(-1).tolist() == tokens
+
+
+def test_nested_contexts_add_and_an_error_inside_leaves_nothing_attached():
+    model = _model(final_norm=False)
+    u, w = (model.lm_head.weight[t].detach() for t in (7, 9))  # (C,) each
+    plain = _logits(model, PROMPT)
+    with steering(model, "blocks.1.resid_post", u, coeff=2.0), steering(model, "blocks.1.resid_post", w, coeff=-1.0):
+        both = _logits(model, PROMPT)
+    predicted = model.lm_head.weight.detach() @ (2.0 * u - w)  # (V,)
+    torch.testing.assert_close(both - plain, predicted.expand_as(plain), rtol=1e-5, atol=1e-5)
+    with pytest.raises(RuntimeError, match="inside"), steering(model, "blocks.0.resid_pre", u, coeff=3.0):
+        raise RuntimeError("an error inside the with")
+    assert not any(m._forward_pre_hooks or m._forward_hooks for m in model.modules())
+    assert torch.equal(_logits(model, PROMPT), plain)
 
 
 def test_coefficient_zero_and_a_finished_context_leave_the_logits_exact():

@@ -935,8 +935,8 @@ def _context(pieces: list[str]) -> str:
 
 
 def _cell(text: str) -> str:
-    """`text` as a markdown table cell shows it in code."""
-    return text.replace("`", "'").replace("|", "\\|")
+    """`text` as a markdown code span shows it (a `|` is escaped by the table, `report.markdown`)."""
+    return text.replace("`", "'")
 
 
 def _sae(loaded: Loaded, settings: InspectSettings):

@@ -45,9 +45,14 @@ def markdown(title: str, summary: dict[str, Any], rows: list[dict[str, Any]]) ->
     if rows:
         columns = list(rows[0])
         lines += ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-        lines += ["| " + " | ".join("" if row.get(c) is None else str(row.get(c)).replace("\n", "<br>")
-                                    for c in columns) + " |" for row in rows]  # a line break would end the row
+        lines += ["| " + " | ".join(_cell(row.get(c)) for c in columns) + " |" for row in rows]
     return "\n".join(lines) + "\n"
+
+
+def _cell(value: Any) -> str:
+    """A value as one markdown table cell: a `|` escaped and a line break written <br>, either of which would end
+    the cell or the row (a continuation or a token may hold both)."""
+    return "" if value is None else str(value).replace("|", "\\|").replace("\n", "<br>")
 
 
 WRAP = 32  # positions in one panel: a longer text's table is cut into panels stacked one under another

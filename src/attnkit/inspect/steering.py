@@ -15,10 +15,13 @@ paper's alignment of the pair with the front of the prompt:
     added       +c*v[0]  +c*v[1]     .        .        (v from a pair of 2 tokens, start 0)
 
 Steering is an edit of `inspect.hooked`, the one mechanism that caches and intervenes: nothing is attached outside
-the context. Under a KV cache each call sees only its new positions; the block's cache says where they begin, so a
-position is steered once, when it is first computed, and its cached keys and values carry the change on. Positions
-count the input's columns from 0 (a left-padded batch's padding too). Steering is tested with eager decoding
-(`generate_tokens`, a Pipeline loaded without compile), not with a compiled decoding step.
+the context. A position is the one the model gives the token (its `position_ids`, read as the stack embeds them):
+each row's own tokens count from 0, a left-padded batch's padding not counted, so a prompt is steered alike alone
+or batched. Under a KV cache each call sees only its new positions, so a position is steered once, when it is first
+computed, and its cached keys and values carry the change on; beam search and speculative decoding (whose rejected
+drafts are computed again, steered again alike) write the texts the steered model writes. When generation slides its
+window past the context (`generate/decoder.py`), the kept tokens' positions restart at 0 and are steered from
+`start` again. A compiled decoding step runs without the hooks: a pipeline loaded with `compile` is refused.
 """
 
 from __future__ import annotations
@@ -35,11 +38,12 @@ from attnkit.errors import InputError
 from attnkit.inspect.points import HookPoint, module_of, resolve
 from attnkit.inspect.sae import SparseAutoencoder
 from attnkit.inspect.tracing import hooked, trace
+from attnkit.models.stack import TransformerStack
 
 
 class Steer:
-    """An edit adding `coeff * vector` from position `start` on (module docstring); `offset` is the position of the
-    current call's first column (0 for a whole sequence; `steering` sets it from the KV cache)."""
+    """An edit adding `coeff * vector` from position `start` on (module docstring); `positions` (B, T) or (1, T) are
+    the current call's token positions (`steering` sets them as the stack embeds them; None: 0 .. T - 1)."""
 
     def __init__(self, vector: Tensor, *, coeff: float = 1.0, start: int = 0) -> None:
         if not isinstance(vector, Tensor) or vector.dim() not in (1, 2) or not vector.is_floating_point():
@@ -48,7 +52,8 @@ class Steer:
             raise InputError(f"coeff={coeff!r} must be a finite number (0 leaves the model as it is)")
         if isinstance(start, bool) or not isinstance(start, numbers.Integral) or start < 0:
             raise InputError(f"start={start!r} must be a position, a whole number from 0")
-        self.vector, self.coeff, self.start, self.offset = vector.detach(), float(coeff), int(start), 0
+        self.vector, self.coeff, self.start = vector.detach(), float(coeff), int(start)
+        self.positions: Tensor | None = None
 
     def __call__(self, activation: Tensor, point: HookPoint) -> Tensor:
         """activation (B, T, C) -> the same plus coeff * the vector at the steered positions."""
@@ -58,12 +63,14 @@ class Steer:
                              f"{tuple(activation.shape)}: steer a (B, T, C) point with a vector of its width {width} "
                              "(read at the same point of the same model)")
         length = activation.shape[1]
-        relative = torch.arange(self.offset, self.offset + length, device=activation.device) - self.start  # (T,)
+        positions = (self.positions if self.positions is not None and self.positions.shape[-1] == length else
+                     torch.arange(length, device=activation.device)[None])  # (B, T) or (1, T)
+        relative = positions.to(activation.device) - self.start  # (B, T): where in the vector each position is
         rows = 1 if self.vector.dim() == 1 else self.vector.shape[0]
-        steered = (relative >= 0) if self.vector.dim() == 1 else (relative >= 0) & (relative < rows)  # (T,)
+        steered = (relative >= 0) & (relative < rows) if self.vector.dim() == 2 else relative >= 0  # (B, T)
         vector = self.vector.to(activation)
-        added = vector.expand(length, width) if vector.dim() == 1 else vector[relative.clamp(0, rows - 1)]  # (T, C)
-        return activation + self.coeff * (added * steered[:, None])  # (B, T, C)
+        added = vector if vector.dim() == 1 else vector[relative.clamp(0, rows - 1)]  # (C,) or (B, T, C)
+        return activation + self.coeff * (added * steered[..., None])  # (B, T, C)
 
 
 @contextmanager
@@ -72,18 +79,21 @@ def steering(model: nn.Module, point: str, vector: Tensor, *, coeff: float = 1.0
     """While active, every call of `model` (a module or a pipeline's) adds `coeff * vector` at `point` (a
     `blocks.L.*` point of shape (B, T, C): `blocks.L.resid_pre`, `.resid_post`, `.attn.out`, `.mlp.out`) from
     position `start` on, KV-cached decoding included (module docstring). Yields the edit. Raises InputError for a
-    point the model has not, one outside a block, or a vector of another width."""
+    point the model has not, one outside a block, a vector of another width, or a pipeline loaded with `compile`."""
+    compiled = getattr(getattr(model, "plan", None), "compile", False)
+    if compiled:
+        raise InputError(f"this pipeline was loaded with compile={compiled!r}: its compiled blocks or decoding step "
+                         "run without the steering hooks; load it without compile (attnkit.load(run)) to steer it")
     model = module_of(model)
     (found,) = resolve(model, point)
-    block = _block_of(model, found)
+    embeddings = _embeddings_of(model, _block_of(model, found))
     edit = Steer(vector, coeff=coeff, start=start)
 
-    def locate(module: nn.Module, args: tuple, kwargs: dict) -> None:  # where this call's columns begin
-        cache = kwargs.get("cache")
-        edit.offset = 0 if cache is None else cache.length
+    def locate(module: nn.Module, args: tuple) -> None:  # the call's token positions, (B, T) or (1, T)
+        edit.positions = args[1]
 
     with ExitStack() as stack:
-        stack.callback(block.register_forward_pre_hook(locate, with_kwargs=True).remove)  # before the edit's hook
+        stack.callback(embeddings.register_forward_pre_hook(locate).remove)
         stack.enter_context(hooked(model, edits={point: edit}))
         yield edit
 
@@ -94,6 +104,15 @@ def _block_of(model: nn.Module, point: HookPoint) -> TransformerBlock:
             return block
     raise InputError(f"{point.name} is not inside a block; steer the residual stream at a block's point "
                      "(blocks.0.resid_pre for the embeddings)")
+
+
+def _embeddings_of(model: nn.Module, block: TransformerBlock) -> nn.Module:
+    """The embeddings of the stack that runs `block`: they are given each call's position_ids (B, T)."""
+    for stack in model.modules():
+        if isinstance(stack, TransformerStack) and any(b is block for b in stack.blocks):
+            return stack.embeddings
+    raise InputError(f"{type(model).__name__} runs its blocks outside a transformer stack, which gives no token "
+                     "positions to steer by; steer a model built by attnkit.models")
 
 
 def contrast_vector(model: nn.Module, point: str, positive: Tensor, negative: Tensor, *, aligned: bool = True
