@@ -658,8 +658,8 @@ def test_the_plan_hands_bf16_decoding_the_one_query_kernel_and_attention_takes_i
     plan.apply(model)
     prompt = [[3, 1, 4, 1, 5, 9, 2, 6]]
     with_kernel = generate_tokens(model, prompt, max_new_tokens=6, context_len=64)
-    calls = []
-    monkeypatch.setattr(native_gemv, "attend_one", lambda *args: calls.append(args) or None)
+    calls = []  # the kernel asked, and declining (the products then serve)
+    monkeypatch.setattr(native_gemv, "attends_one", lambda *args: calls.append(args) or False)
     generate_tokens(model, prompt, max_new_tokens=2, context_len=64)
     assert len(calls) == 2  # one decoding step, two layers (the prefill's queries are many)
     monkeypatch.undo()
@@ -694,15 +694,17 @@ def test_the_one_query_kernel_serves_only_the_queries_that_see_every_key_they_ar
                                     max_seq_len=24, **variant)).eval().to(torch.bfloat16)
     plan = plan_inference(model, "decoder", profile=DEFAULT_PROFILE)
     plan.apply(model)
-    kernel = native_gemv.attend_one
+    takes = native_gemv.attends_one
     for rolling in (True, False):
-        lengths = []  # the key count of each call of the kernel
+        lengths = []  # the key count of each call the kernel takes
 
-        def counted(q: Tensor, k: Tensor, v: Tensor, scale: float, lengths: list[int] = lengths) -> Tensor:
-            lengths.append(k.shape[2])
-            return kernel(q, k, v, scale)
+        def counted(q: Tensor, k: Tensor, v: Tensor, lengths: list[int] = lengths) -> bool:
+            taken = takes(q, k, v)
+            if taken:
+                lengths.append(k.shape[2])
+            return taken
 
-        monkeypatch.setattr(native_gemv, "attend_one", counted)
+        monkeypatch.setattr(native_gemv, "attends_one", counted)
         served = _step_logits(model, rolling=rolling)
         monkeypatch.undo()
         assert set(lengths) == keys_read[rolling]

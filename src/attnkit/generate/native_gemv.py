@@ -426,9 +426,10 @@ def attends_one(q: Tensor, k: Tensor, v: Tensor) -> bool:
     """Whether `attend_one` takes these: q (B, H, 1, D) and k, v (B, Hkv, S, D) of one shape, S >= 1 and H a multiple
     of Hkv, all in CPU memory (the kernel reads their addresses), of one dtype it reads, k and v with D's stride 1; no
     gradient asked for (the kernel records none); outside a traced step (which cannot call into C)."""
-    return (q.dim() == k.dim() == 4 and k.shape == v.shape and q.shape[2] == 1 and k.shape[2] > 0
-            and k.shape[1] > 0 and q.shape[1] % k.shape[1] == 0 and (q.shape[0], q.shape[3]) == (k.shape[0], k.shape[3])
-            and q.is_cpu and k.is_cpu and v.is_cpu and q.dtype in ONE_QUERY_DTYPES and q.dtype == k.dtype == v.dtype
+    queries, keys = q.shape, k.shape  # (B, H, 1, D), (B, Hkv, S, D)
+    return (len(queries) == len(keys) == 4 and keys == v.shape and queries[2] == 1 and keys[2] > 0 and keys[1] > 0
+            and queries[1] % keys[1] == 0 and queries[0] == keys[0] and queries[3] == keys[3]
+            and q.dtype in ONE_QUERY_DTYPES and q.dtype == k.dtype == v.dtype and q.is_cpu and k.is_cpu and v.is_cpu
             and k.stride(-1) == v.stride(-1) == 1
             and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))
             and not tracing())
@@ -439,11 +440,21 @@ def attend_one(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
     k and v (B, Hkv, S, D) views at any strides but D's, H a multiple of Hkv (grouped queries) -> (B, H, 1, D) in q's
     dtype. No mask: a decoding query may see every key its cache holds. Raises ValueError for inputs `attends_one`
     refuses and MemoryError where the kernel's scratch (S + D floats) cannot be had."""
-    if not attends_one(q, k, v):
+    out = attend_one_query(q, k, v, scale)
+    if out is None:
         raise ValueError(f"attend_one takes one CPU query a head, q (B, H, 1, D) and k, v (B, Hkv, S >= 1, D) of "
                          f"one float32 or bfloat16 dtype with D's stride 1, needing no gradient; got {tuple(q.shape)} "
                          f"{q.dtype} {q.device}, {tuple(k.shape)} {k.dtype} {k.device}, {tuple(v.shape)} {v.dtype} "
                          f"{v.device}")
+    return out
+
+
+def attend_one_query(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor | None:
+    """`attend_one` where it takes these inputs (`attends_one`, asked once: a decoding step calls this for every
+    layer), else None: the one-query kernel the inference plan hands attention (`layers.kernels.MathKernel.one_query`),
+    which falls back to the math kernel on None."""
+    if not attends_one(q, k, v):
+        return None
     batch, heads, _, dim = q.shape
     q = q.contiguous()  # (B, H, 1, D): a fused projection's view is strided
     out = torch.empty_like(q)
@@ -451,14 +462,6 @@ def attend_one(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
                              k.shape[2], dim, *k.stride()[:3], *v.stride()[:3], scale, q.dtype == torch.bfloat16):
         raise MemoryError(f"attend_one could not allocate {k.shape[2] + dim} floats of scratch")
     return out
-
-
-def attend_one_query(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor | None:
-    """`attend_one` where it takes these inputs (`attends_one`), else None: the one-query kernel the inference plan
-    hands attention (`layers.kernels.MathKernel.one_query`), which falls back to the math kernel on None."""
-    if not attends_one(q, k, v):
-        return None
-    return attend_one(q, k, v, scale)
 
 
 def tracing() -> bool:
