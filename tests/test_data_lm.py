@@ -218,10 +218,11 @@ def test_a_cache_changed_since_it_was_written_is_rebuilt(tmp_path: Path, corpus,
         assert "not the one its" in caplog.text
 
 
-def llama_style_tokenizer(text: str, *, bos: bool = False) -> HFTokenizer:
+def llama_style_tokenizer(text: str, *, bos: bool = False, eos: bool = False) -> HFTokenizer:
     """A byte-fallback BPE trained split at spaces, encoding as Hugging Face's conversion of Llama 2's SentencePiece
     model does: a normalizer that puts '▁' before the text and writes its spaces as '▁'; with `bos`, its
-    post-processor puts BOS before every text, as a converted Llama's does (`starts_with_bos`)."""
+    post-processor puts BOS before every text, as a converted Llama's does (`starts_with_bos`), and with `eos` EOS
+    after it too (LlamaTokenizerFast's add_eos_token=True)."""
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
 
     tok = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>"))
@@ -232,8 +233,8 @@ def llama_style_tokenizer(text: str, *, bos: bool = False) -> HFTokenizer:
     tok.pre_tokenizer = None
     tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
     if bos:
-        tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[
-            ("<s>", tok.token_to_id("<s>"))])
+        tok.post_processor = processors.TemplateProcessing(single="<s> $A </s>" if eos else "<s> $A", special_tokens=[
+            ("<s>", tok.token_to_id("<s>")), ("</s>", tok.token_to_id("</s>"))])
     return HFTokenizer(tok, kind="hf", specials={"unk": "<unk>", "bos": "<s>", "eos": "</s>"})
 
 
@@ -315,6 +316,25 @@ def test_a_stream_of_attnkits_own_tokenizers_holds_no_bos_and_keeps_its_cache(tm
                 "encoding_errors": "strict"}  # the cache's key as it was
     key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
     assert data.path == tmp_path / f"lm-{key}.bin" and not data.bos_first
+
+
+def test_a_llama_tokenizer_that_closes_texts_with_eos_still_starts_the_stream_as_transformers_does(tmp_path: Path,
+                                                                                                      corpus) -> None:
+    """A Llama tokenizer with add_eos_token frames a text `<s> text </s>`; its BOS is no classifier's CLS, so its
+    stream is what run_clm concatenates from transformers' own ids, `<s> a </s> <s> b </s>`, but the last EOS, and a
+    prompt starts with BOS. A RoBERTa-style frame, the same ids where `<s>` is also CLS, starts nothing."""
+    transformers = pytest.importorskip("transformers")
+    from tokenizers import Tokenizer
+
+    tok = llama_style_tokenizer("hello world goodbye moon\n" * 20, bos=True, eos=True)
+    hf = transformers.PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(tok.to_str()))
+    texts = [path.read_text(encoding="utf-8") for path in corpus]
+    concatenated = [i for text in texts for i in hf(text)["input_ids"]]
+    assert tok.starts_with_bos
+    assert np.asarray(LMData.prepare(corpus, tok, tmp_path, progress=False).tokens).tolist() == concatenated[:-1]
+    roberta = HFTokenizer(Tokenizer.from_str(tok.to_str()), kind="hf",
+                          specials={"unk": "<unk>", "bos": "<s>", "eos": "</s>", "cls": "<s>", "sep": "</s>"})
+    assert roberta.own_frame == tok.own_frame and not roberta.starts_with_bos
 
 
 def test_resuming_a_run_whose_stream_had_no_bos_says_its_windows_changed(tmp_path: Path, corpus, caplog) -> None:

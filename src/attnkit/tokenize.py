@@ -378,13 +378,15 @@ class HFTokenizer(_SpecialIds):
 
     @functools.cached_property
     def starts_with_bos(self) -> bool:
-        """Whether the post-processor puts BOS before every text and nothing after it (Llama's, Mistral's): its model
-        was trained and is prompted so. One that closes the text too frames a whole text (BERT's `[CLS] text [SEP]`,
-        where BOS borrows CLS; RoBERTa's `<s> text </s>`): a stream of such texts, and a prompt, take neither mark
-        alone (a [CLS] without its [SEP]); the tasks that read whole texts frame them (`frame_ids`)."""
+        """Whether the post-processor puts BOS before every text as a language model's start (Llama's, Mistral's; a
+        Llama's with add_eos_token, `<s> text </s>`, too): its model was trained and is prompted after it. A
+        classifier's frame does not count: a text closed after a BOS that is also its CLS (BERT's `[CLS] text
+        [SEP]`, where BOS borrows CLS; RoBERTa's `<s> text </s>`, whose CLS is `<s>`). A stream of such texts, and
+        a prompt, take neither mark alone (a [CLS] without its [SEP]); the tasks that read whole texts frame them
+        (`frame_ids`)."""
         bos = self._ids.get("bos")
         before, after = self.own_frame
-        return bos is not None and before[:1] == (bos,) and not after
+        return bos is not None and before[:1] == (bos,) and not (after and bos == self._ids.get("cls"))
 
     @classmethod
     def from_dir(cls, directory: str | os.PathLike) -> HFTokenizer:
