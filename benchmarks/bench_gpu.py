@@ -34,6 +34,7 @@ import asyncio
 import dataclasses
 import json
 import math
+import re
 import statistics
 import tempfile
 import time
@@ -560,7 +561,7 @@ def main(argv: list[str] | None = None) -> int:
     about = {"machine": machine(device), "command": "python -m benchmarks gpu " + " ".join(argv or []),
              "train_shape": f"{shape.n_layers} layers, width {shape.d_model}, {shape.n_heads} heads, vocabulary "
                             f"{shape.vocab_size}, batch {shape.batch_size} x {shape.seq_len}"}
-    stem = "gpu-smoke" if args.smoke else "gpu-" + about["machine"].get("name", "cuda").lower().replace(" ", "-")
+    stem = "gpu-smoke" if args.smoke else report_stem(about["machine"].get("name", "cuda"))
     rows: list[dict] = []
 
     def report(more: list[dict]) -> dict:
@@ -609,6 +610,12 @@ def earlier_report(path: Path, machine: dict) -> dict | None:
               "choose another --out", flush=True)
         return None
     return report
+
+
+def report_stem(gpu_name: str) -> str:
+    """The report's file name without suffix for a GPU's name: 'NVIDIA H200' -> 'gpu-nvidia-h200' (letters, digits,
+    '.', '_' and '-' alone, so that any copy between machines keeps it)."""
+    return "gpu-" + re.sub(r"[^a-z0-9._-]+", "-", gpu_name.lower()).strip("-")
 
 
 def write_report(report: dict, out: Path, stem: str) -> None:

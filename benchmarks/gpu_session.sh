@@ -6,6 +6,7 @@
 #   bash benchmarks/gpu_wheels.sh                          # here first: what the GPU image lacks, in .whl/
 #   BUDGET_S=560 bash benchmarks/gpu_session.sh [PART ...] # on the GPU machine, from the checkout's root
 #   bash benchmarks/gpu_session.sh --smoke                 # here: every stage tiny on the CPU, the same files
+#                                                          # (BUDGET_S 1800 unless given: compiles take minutes here)
 #   python -m benchmarks.gpu_results DIR --commit          # here, after: DIR ($OUT) into benchmarks/results, docs
 #
 # PART, in this order (none named: all):
@@ -35,11 +36,11 @@ for part in $parts; do
     case $part in tests|train|serve|decode|variants|experiments) ;;
     *) echo "unknown part $part: tests, train, serve, decode, variants or experiments"; exit 2 ;; esac
 done
-budget=${BUDGET_S:-560}
+budget=${BUDGET_S:-$([ $smoke = 1 ] && echo 1800 || echo 560)}  # --smoke: the CPU's compiles, not a GPU command's
 work=${GPU_SESSION_DIR:-runs/gpu-session$([ $smoke = 1 ] && echo -smoke)}
 out=${OUT:-$work}
-mkdir -p "$work/bench" "$out"
-out=$(cd "$out" && pwd)
+mkdir -p "$work/bench" "$out" && out=$(cd "$out" && pwd) \
+    || { echo "cannot write into $work or $out: run it from the checkout's root, with OUT a folder it may write"; exit 2; }
 if [ -x .venv/bin/python ]; then
     py=.venv/bin/python
 else
@@ -76,7 +77,8 @@ stage() {  # stage NAME LOG COMMAND...: run it under the time left, its output a
     shift 2
     read -r cap min <<< "$(echo $STAGES | tr ' ' '\n' | grep "^$name:" | cut -d: -f2,3 | tr : ' ')"
     left=$((budget - SECONDS))
-    [ $smoke = 1 ] && cap=$left min=0  # a CPU compiles for minutes what a GPU machine compiles in seconds
+    [ $smoke = 1 ] && cap=$left min=1  # a CPU compiles for minutes what a GPU machine compiles in seconds (1: timeout 0
+                                       # would mean no limit)
     if [ "$left" -lt "$min" ]; then
         note "$name: not started, $left s left of $budget and it needs $min s"
         return
@@ -85,7 +87,8 @@ stage() {  # stage NAME LOG COMMAND...: run it under the time left, its output a
     began=$SECONDS
     timeout -s INT -k 20 "$limit" "$@" >> "$log" 2>&1  # INT: pytest and Python say where they were, then stop
     code=$?
-    note "$name: exit $code after $((SECONDS - began)) s of its $limit s$([ $code = 124 ] && echo ', cut at its limit')"
+    note "$name: exit $code after $((SECONDS - began)) s of its $limit s$(case $code in 124) echo ', cut at its limit';;
+        137) echo ', cut at its limit and killed 20 s later';; esac)"
     publish
 }
 
@@ -96,8 +99,11 @@ if [ -z "$commit" ] && commit=$(git rev-parse --short HEAD 2>/dev/null); then
     git diff --quiet HEAD 2>/dev/null || commit="$commit + changes"
 fi
 note "commit ${commit:-unknown (no .git here: give GPU_SESSION_COMMIT)}"
-$py -c "import torch, attnkit; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(),
-  torch.cuda.get_device_name() if torch.cuda.is_available() else '', 'attnkit', attnkit.__file__)" 2>&1 \
+[ $py = python3 ] && [ ! -d .whl ] && note "no .whl/ here (make it with gpu_wheels.sh and carry it): without FastAPI,
+  uvicorn, seqeval and Liger Kernel the serve part and the tests that need them fail or are skipped"
+# the GPU's name on a line of its own: python -m benchmarks.gpu_results names the files after it
+$py -c "import torch; print('gpu:', torch.cuda.get_device_name() if torch.cuda.is_available() else 'none')
+import attnkit; print('torch', torch.__version__, 'CUDA', torch.version.cuda, 'attnkit', attnkit.__file__)" 2>&1 \
     | tee -a "$work/session.txt"
 for part in $parts; do
     case $part in
