@@ -667,6 +667,36 @@ def test_the_plan_hands_bf16_decoding_the_one_query_kernel_and_attention_takes_i
     assert generate_tokens(model, prompt, max_new_tokens=6, context_len=64) == with_kernel
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("special", ["nan query", "inf key", "inf value", "nan value", "huge scores", "subnormal",
+                                     "every key -inf"])
+def test_the_one_query_kernel_meets_special_values_as_the_float32_products_do(special, dtype):
+    """nan and inf reach the same outputs as `grouped_attention`'s (a row whose softmax is undefined is nan in both),
+    scores past fp32's range keep the softmax's shift by the largest, and subnormal inputs are not flushed."""
+    _require_kernels()
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(shape, dtype=dtype) for shape in ((1, 4, 1, 8), (1, 2, 6, 8), (1, 2, 6, 8)))
+    if special == "nan query":
+        q[0, 0, 0, 3] = float("nan")
+    elif special == "inf key":
+        k[0, 0, 2, 1] = float("inf")
+    elif special in ("inf value", "nan value"):
+        v[0, 1, 4, 5] = float(special.split()[0])
+    elif special == "huge scores":
+        q *= 1e30
+    elif special == "subnormal":
+        q *= 1e-39
+        v *= 1e-39
+    else:
+        q.fill_(1.0)
+        k.fill_(float("-inf"))
+    out, products = native_gemv.attend_one(q, k, v, 0.3), grouped_attention(q, k, v, None, scale=0.3)
+    torch.testing.assert_close(out, products, equal_nan=True, rtol=1e-5,  # fp32 sums in another order
+                               atol=1e-44 if special == "subnormal" else 1e-6)
+    if special == "subnormal":
+        assert out.abs().max() < torch.finfo(torch.float32).tiny and out.abs().max() > 0
+
+
 def _step_logits(model: nn.Module, *, rolling: bool) -> Tensor:
     """The last logits (V,) of a prompt of 8 and of 8 decoding steps after it through a 24-position cache -> (9, V)."""
     cache = model.allocate_cache(1, 24, rolling=rolling)
