@@ -1026,8 +1026,12 @@ def _steer(loaded: Loaded, settings: InspectSettings):
     picked = raised + lowered[::-1]
     ax.barh(range(len(picked)), [float(change[i]) for i in picked], color=["tab:green"] * len(raised) +
             ["tab:red"] * len(lowered))
-    ax.set(yticks=range(len(picked)), yticklabels=[repr(names[i]) for i in picked], xlabel="change of log p",
-           title=f"next token after the prompt, steered at {point}")
+    texts = len(shifts) // 2
+    ax.set(yticks=range(len(picked)), yticklabels=[repr(names[i]) for i in picked],
+           xlabel="log p steered - log p unsteered" + (f" (mean over the {texts} texts)" if texts > 1 else ""),
+           title="\n".join(["next token after the prompt, steered by", *textwrap.wrap(
+               f"{settings.coeff:+g} x ({settings.steer[0]!r} - {settings.steer[1]!r}) at {point}", 56)]))
+    ax.title.set_fontsize(10)
     ax.invert_yaxis()
     summary = {"point": point, "pair": " / ".join(map(repr, settings.steer)), "coeff": settings.coeff,
                "seed": settings.seed, "temperature": settings.temperature,
