@@ -22,3 +22,5 @@ def test_kv_bytes_per_position_counts_keys_and_values_of_every_layer(n_kv_heads,
     assert kv_bytes_per_position(model, batch_size=3) == 3 * by_hand
     # every position kept: a sliding window's rolling cache would hold only `window` positions of a long text
     assert model.allocate_cache(2, 20, rolling=False).nbytes == 20 * kv_bytes_per_position(model, 2)
+    # counted, never allocated: a memory check asking about 10**12 rows gets their size, not an allocation failure
+    assert kv_bytes_per_position(model, batch_size=10**12) == 10**12 * by_hand

@@ -287,9 +287,10 @@ class StaticKVCache(KVCache):
 def kv_bytes_per_position(model: nn.Module, batch_size: int = 1) -> int:
     """The bytes one position of the KV cache `model.allocate_cache` gives `batch_size` rows takes (every layer's keys
     and values), read from a cache of one position, every position kept (`rolling=False`), so each layout (GQA, MQA,
-    sliding windows, the cache's dtype) counts as it is allocated. `model`: a decoder-only model (`DecoderLM`), whose
+    sliding windows, the cache's dtype) counts as it is allocated. The cache is made on the meta device, so nothing
+    is allocated however many rows are asked about. `model`: a decoder-only model (`DecoderLM`), whose
     `allocate_cache` takes `rolling`. Beam search's memory check (`Pipeline`) and speculative decoding's read it."""
-    return model.allocate_cache(batch_size, 1, rolling=False).nbytes
+    return model.allocate_cache(batch_size, 1, rolling=False, device="meta").nbytes
 
 
 def _check_room(max_len: int, needed: int) -> None:
