@@ -1,6 +1,6 @@
 """`kv_bytes_per_position`, the one estimate of a KV cache's size (beam search's and speculative decoding's memory
-checks and the gqa-memory experiment read it): the bytes of every layer's keys and values at one position, as allocated, for GQA,
-sliding windows and a cache dtype other than fp32."""
+checks and the gqa-memory experiment read it): the bytes of every layer's keys and values at one position, as
+allocated, for GQA, sliding windows and a cache dtype other than fp32."""
 
 import pytest
 import torch
