@@ -366,7 +366,8 @@ LECTURES: tuple[Lecture, ...] = (
               tests=(TEST_MHA, "test_experiments_false_claims.py::"
                      "test_heads_specialise_does_not_hold_where_there_is_nothing_to_learn")),
         Topic("Probing and mechanistic interpretability: what these heads actually do (one head tracks syntax, "
-              "another proper names?; and steering one by activation addition: attnkit inspect RUN steer)", T09,
+              "another proper names?; and steering a model by activation addition: "
+              "`attnkit inspect RUN steer --text Hello --steer Love Hate`)", T09,
               ("inspect", "inspect.importance", "inspect.head_types", "inspect.probes", "inspect.patching",
                "inspect.logit_lens", "inspect.steering"),
               "heads-specialise", "experiments/heads-specialise/heads.png", "user-guide/inspect.md",
@@ -393,7 +394,7 @@ LECTURES: tuple[Lecture, ...] = (
               "`attnkit chat RUN`), then taught which of two replies people prefer (Direct Preference Optimization: "
               "`attnkit train --task dpo --init-from RUN --data pairs.jsonl`), or a reward model learnt from the same "
               "pairs (`attnkit train --task reward --init-from RUN --data pairs.jsonl`) and the best of N samples kept "
-              "by it (`attnkit generate RUN --prompt TEXT --best-of 8 --reward REWARD_RUN`)", T10,
+              "by it (`attnkit generate RUN --prompt Hi --best-of 8 --reward runs/rm`)", T10,
               ("tasks.chat", "data.chat", "chat_format", "tasks.dpo", "data.preferences", "tasks.reward",
                "tasks.best_of"),
               picture="guides/reward-best-of-n.png",
