@@ -24,10 +24,10 @@ from attnkit.tasks.reward import RewardOptions, RewardTask, batch_rewards, ranki
 PAD = 0
 
 
-def tiny_reward_model(seed=0):
+def tiny_reward_model(seed=0, position="learned"):
     torch.manual_seed(seed)
     config = ModelConfig(family="decoder", vocab_size=len(ALPHABET) + 4, d_model=32, n_layers=2, n_heads=2, d_ff=64,
-                         max_seq_len=64, decoder_head="reward", n_classes=1)
+                         max_seq_len=64, decoder_head="reward", n_classes=1, position=position)
     return build_model(config).eval()
 
 
@@ -73,6 +73,20 @@ def test_the_reward_is_the_head_at_the_last_token_of_the_whole_sequence_alone():
                 before_eos = hidden[0, -2] @ model.classifier.weight[0]
                 assert found[i, j].item() == pytest.approx(expected.item(), abs=1e-5)
                 assert found[i, j].item() != pytest.approx(before_eos.item(), abs=1e-4)
+
+
+@pytest.mark.parametrize("position", ["learned", "rope"])
+def test_a_batch_padded_on_either_side_scores_each_row_as_alone(position):
+    """Rows of a batch padded on the left or on the right, the padding masked, score as each row does alone: the
+    head reads the last real token wherever the padding lies, which the padding neither sees nor shifts."""
+    model = tiny_reward_model(position=position)
+    rows = [[5, 6, 7, 8, 9, 2], [10, 11, 2], [12, 2]]
+    with torch.no_grad():
+        alone = torch.cat([model(torch.tensor([row])).logits for row in rows])  # (B, 1)
+        for left in (False, True):
+            ids = torch.tensor([[PAD] * (6 - len(r)) * left + r + [PAD] * (6 - len(r)) * (not left) for r in rows])
+            found = model(ids, attention_mask=ids != PAD).logits  # (B, 1)
+            torch.testing.assert_close(found, alone, rtol=1e-5, atol=1e-5, msg=f"left-padded: {left}")
 
 
 def test_a_known_head_gives_a_known_reward():
@@ -197,10 +211,13 @@ def test_best_of_n_refuses_n_below_one_or_not_an_integer(n):
     assert not scripted.asked
 
 
-def test_best_of_n_refuses_options_that_draw_other_samples_and_prompts_as_token_ids():
+def test_best_of_n_refuses_options_that_draw_other_samples_or_one_sample_n_times_and_prompts_as_token_ids():
     scripted = Scripted(["a"], {"a": 0.0})
     with pytest.raises(InputError, match="does not take num_beams"):
         best_of_n(scripted, scripted, "p", n=2, num_beams=2)
+    with pytest.raises(InputError, match="temperature=0 decodes greedily"):
+        best_of_n(scripted, scripted, "p", n=2, temperature=0)
+    assert not scripted.asked
     for prompts in ([[1, 2]], [1, 2], [], ["a", ["b"]]):
         with pytest.raises(InputError, match="prompts are a text, a chat"):
             best_of_n(scripted, scripted, prompts, n=2)
@@ -273,6 +290,26 @@ def test_a_reward_run_learns_to_rank_held_out_pairs_and_eval_reproduces_its_last
         load(reward_run).reward(["a", "b"], ["c", "d", "e"])
 
 
+@pytest.mark.parametrize("layout", ["text", "chat"])
+def test_reward_scores_a_reply_as_training_reads_it_in_both_layouts(reward_run, layout):
+    """`reward(prompt, replies)` gives each reply the reward training gives it as a pair's response (`batch_rewards`
+    over the pairs' rows), for a plain-text prompt and for a chat rendered by the run's template: both read the
+    same tokens and the same last one."""
+    from attnkit import load
+    from attnkit.data.preferences import PreferencePair
+    from attnkit.tasks.reward import rows_of_pairs
+
+    pipeline = load(reward_run)
+    replies = ["PRINT(X)", "print(x) and more"]
+    prompt = "def f(x):\n    " if layout == "text" else [{"role": "user", "content": "def f(x):"}]
+    chosen, rejected = (r if layout == "text" else [{"role": "assistant", "content": r}] for r in replies)
+    data = rows_of_pairs([PreferencePair("line 1", prompt, chosen, rejected)], template=pipeline.chat_template,
+                         tokenizer=pipeline.tokenizer, seq_len=pipeline.config.max_seq_len, batch_size=1)
+    with torch.no_grad():
+        trained = batch_rewards(pipeline.model, next(iter(data.eval_batches())))[0].tolist()  # (2,)
+    assert pipeline.reward(prompt, replies) == pytest.approx(trained, abs=1e-5)
+
+
 def test_best_of_n_from_the_command_line_prints_the_top_candidate_the_same_under_a_seed(base, reward_run, capsys):
     from attnkit import cli, load
 
@@ -292,6 +329,7 @@ def test_best_of_n_from_the_command_line_prints_the_top_candidate_the_same_under
     (["--best-of", "0"], "--best-of 0: best-of-N draws N candidates"),
     (["--best-of", "3"], "give --reward RUN"),
     (["--best-of", "3", "--reward", "RM", "--num-beams", "2"], "does not take --num-beams"),
+    (["--best-of", "3", "--reward", "RM", "--temperature", "0"], "does not take --temperature 0 (greedy"),
     (["--best-of", "3", "--reward", "BASE"], "is a run of --task lm, not a reward model"),
 ])
 def test_bad_best_of_flags_are_refused_in_one_line(base, reward_run, capsys, more, said):

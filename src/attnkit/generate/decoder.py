@@ -61,6 +61,7 @@ from attnkit.generate.sampling import (
 )
 from attnkit.layers.embedding import Embeddings, inputs_checked
 from attnkit.layers.kv_cache import KVCache
+from attnkit.models.decoder import positions_from_mask
 
 # on_token(row, token) is called for each new token of each unfinished row; returning True ends that row.
 TokenHook = Callable[[int, int], bool]
@@ -111,11 +112,6 @@ class Window:
 def left_pad(prompts: Sequence[Sequence[int]], *, pad_id: int, device: torch.device | str | None = None) -> Window:
     """Token id lists -> one left-padded Window (B, T), T the longest prompt."""
     return Window.of(*pad(prompts, pad_id, left=True, device=device))
-
-
-def positions_from_mask(mask: Tensor) -> Tensor:
-    """(B, L) bool -> (B, L) positions: 0, 1, 2, ... over each row's real tokens, 0 at left padding."""
-    return (mask.long().cumsum(dim=-1) - 1).clamp(min=0)
 
 
 def prefill(model: nn.Module, window: Window, cache: KVCache) -> Tensor:

@@ -115,20 +115,32 @@ class DecoderSequenceClassifier(nn.Module):
         self.stack = stack
         self.classifier = classifier
 
-    def forward(self, input_ids: Tensor, *, attention_mask: Tensor | None = None,
+    def forward(self, input_ids: Tensor, *, attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
                 need_weights: bool = False) -> ModelOutput:
         """input_ids (B, T) -> logits (B, n_classes), read at each row's last real token.
 
-        attention_mask: (B, T) 1 at real tokens, 0 at the padding after them (rows padded on the right); None: every
-            position is real. Causal attention never lets a real token see the padding after it, so a row's score is
-            the one it has alone."""
-        hidden, attentions = self.stack(input_ids, need_weights=need_weights)  # (B, T, C)
+        attention_mask: (B, T) 1 at real tokens, 0 at padding, before them (left-padded rows) or after them
+            (right-padded); None: every position is real. The padding is masked out of attention and, by default,
+            each row's real tokens are at positions 0, 1, ... (`positions_from_mask`), so a row's score is the one it
+            has alone whichever side it is padded on, as Hugging Face's head reads the last non-padding token.
+        position_ids: (B, T) to give other positions than those."""
+        if attention_mask is not None and position_ids is None:
+            position_ids = positions_from_mask(attention_mask)
+        hidden, attentions = self.stack(input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                                        need_weights=need_weights)  # (B, T, C)
         if attention_mask is None:
             pooled = hidden[:, -1]  # (B, T, C) -> (B, C)
-        else:  # a gather, not len(): the batch stays a dynamic dimension when exported (`--to-onnx`)
-            last = (attention_mask.sum(dim=1) - 1).long()  # (B,)
+        else:  # the last column holding a real token; a gather, not len(): the batch stays dynamic in `--to-onnx`
+            columns = torch.arange(input_ids.shape[1], device=input_ids.device)  # (T,)
+            last = (columns * (attention_mask != 0)).argmax(dim=1)  # (B,)
             pooled = hidden.gather(1, last.view(-1, 1, 1).expand(-1, 1, hidden.shape[-1])).squeeze(1)  # (B, C)
         return ModelOutput(logits=self.classifier(pooled), attentions=attentions if need_weights else None)
+
+
+def positions_from_mask(mask: Tensor) -> Tensor:
+    """(B, L) bool -> (B, L) positions: 0, 1, 2, ... over each row's real tokens, 0 at left padding: the positions a
+    left-padded row's tokens have alone (`generate/decoder.py` decodes such rows)."""
+    return (mask.long().cumsum(dim=-1) - 1).clamp(min=0)
 
 
 def lm_logits_and_loss(

@@ -61,12 +61,15 @@ def best_of_n(policy: Any, reward: Any, prompts: str | Sequence[str] | list[dict
     of turn and are kept as their content (`Pipeline.chat`), and the reward run scores them as the assistant's turn.
 
     Raises InputError for n < 1, for prompts that are not text (the reward model reads text), for a `reward` that
-    does not serve rewards (MethodNotServed), or for options that choose no samples (beams, num_samples); and what
-    `generate` raises for its settings."""
+    does not serve rewards (MethodNotServed), or for options that choose no samples (beams, num_samples) or the same
+    sample n times (temperature=0); and what `generate` raises for its settings."""
     check_best_of(n)
     taken = sorted(set(options) & {"num_samples", "num_beams", "num_return_sequences", "draft"})
     if taken:
         raise InputError(f"best_of_n draws its own n samples, so it does not take {', '.join(taken)}; leave them out")
+    if n > 1 and options.get("temperature") == 0:
+        raise InputError(f"temperature=0 decodes greedily, so the n={n} candidates would be one text n times: give a "
+                         "temperature above 0 (1 samples the model as it is)")
     prompts = prompt_list(prompts)
     score = reward.reward  # MethodNotServed (an InputError) where `reward` is not a reward run, before any decoding
     found = []

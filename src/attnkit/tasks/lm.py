@@ -758,7 +758,8 @@ def chat_prompt(template: ChatTemplate, tokenizer: Tokenizer, prompt: str, *, sy
 
 def check_best_of_flags(settings: GenerateSettings) -> bool:
     """Whether the settings ask for best-of-N; InputError, before a model loads, naming the flags: --best-of below 1,
-    without --reward, or beside what draws no samples of its own (beams, a draft, --num-samples)."""
+    without --reward, or beside what draws no samples of its own (beams, a draft, --num-samples) or the same one N
+    times (--temperature 0)."""
     asked = settings.best_of != 1 or settings.reward is not None or settings.candidates_json
     if not asked:
         return False
@@ -767,7 +768,9 @@ def check_best_of_flags(settings: GenerateSettings) -> bool:
         raise InputError(f"--best-of {settings.best_of} keeps the candidate a reward model scores highest: give "
                          "--reward RUN (a run of attnkit train --task reward)")
     beside = [flag for flag, given in (("--num-beams", settings.beams), ("--draft", settings.draft is not None),
-                                       ("--num-samples", settings.num_samples != 1)) if given]
+                                       ("--num-samples", settings.num_samples != 1),
+                                       ("--temperature 0 (greedy: one text N times)",
+                                        settings.temperature == 0 and settings.best_of > 1)) if given]
     if beside:
         raise InputError(f"--best-of draws its own samples, so it does not take "
                          f"{', '.join(beside)}; leave {'them' if len(beside) > 1 else 'it'} out")
