@@ -8,6 +8,8 @@ import os
 import shutil
 import stat
 import struct
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -300,3 +302,47 @@ def test_an_empty_out_is_refused_not_read_as_the_current_folder(tmp_path, monkey
     assert capsys.readouterr().err == ("attnkit: error: --out is empty: give the run's own directory (e.g. --out "
                                        "runs/NAME)\n")
     assert list(tmp_path.iterdir()) == []
+
+
+UNBLOCK = """
+import os, sys, time
+while True:
+    try:
+        os.close(os.open(sys.argv[1], os.O_WRONLY | os.O_NONBLOCK))
+    except OSError:  # ENXIO: no reader, as with the fix
+        pass
+    time.sleep(0.2)
+"""
+
+
+@pytest.fixture
+def unblocked_fifos():
+    """FIFOs made with it are opened for writing and closed every 0.2 s by another process (a reader stuck in native
+    code holds the GIL), so that a reader waiting on one gets an end of file and its test fails, not hangs."""
+    writers = []
+
+    def make(path: Path) -> Path:
+        os.mkfifo(path)
+        writers.append(subprocess.Popen([sys.executable, "-c", UNBLOCK, str(path)]))
+        return path
+
+    yield make
+    for writer in writers:
+        writer.kill()
+        writer.wait()
+
+
+@pytest.mark.parametrize("checksums", [True, False])
+def test_a_fifo_in_place_of_a_run_file_is_named_not_waited_on(tmp_path, capsys, unblocked_fifos, checksums):
+    # a run's model.safetensors swapped for a FIFO (or a link to one): the header count opened it and waited for a
+    # writer forever; with checksums.json, the file was called missing
+    run = tiny_runs(tmp_path)["lm"]
+    if not checksums:
+        (run / CHECKSUMS_FILE).unlink()
+    (run / WEIGHTS_FILE).unlink()
+    unblocked_fifos(run / WEIGHTS_FILE)
+    assert cli.main(["generate", str(run), "--prompt", "ab", "--max-new-tokens", "2"]) == 2
+    where = f"where {run / CHECKSUMS_FILE} lists a file" if checksums else "where a safetensors file should be"
+    assert capsys.readouterr().err.startswith(f"attnkit: error: {run / WEIGHTS_FILE} is a FIFO, not a file, {where}")
+    with pytest.raises(CheckpointError, match=r"train_state.json is a FIFO, not a file, where a JSON file should be"):
+        checkpoint_module.read_json(unblocked_fifos(run / "train_state.json"))

@@ -33,6 +33,7 @@ from attnkit.models import build_model
 from attnkit.models.families import check_weights_fit, estimate_parameters
 from attnkit.outputs import atomic_write, file_mode, sibling_file, writing
 from attnkit.readback import digest
+from attnkit.textfiles import special_file
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -83,6 +84,15 @@ def absent(path: Path) -> str:
     return "does not exist"
 
 
+def not_a_file(path: Path) -> str:
+    """What stands at `path` where a file is to be read, in words: a directory, a FIFO, device or socket (reading one
+    could wait forever), or nothing (`absent`)."""
+    if path.is_dir():
+        return "is a directory"
+    kind = special_file(path)
+    return f"is {kind}, not a file" if kind is not None else absent(path)
+
+
 def mark_run(directory: str | Path) -> None:
     """Label `directory` as a run attnkit writes (`RUN_MARKER`)."""
     path = Path(directory) / RUN_MARKER
@@ -102,6 +112,9 @@ def is_attnkit_run(directory: str | Path) -> bool:
 def read_json(path: str | Path) -> Any:
     """A run file's JSON; CheckpointError naming the file when it is missing, unreadable or not JSON."""
     path = Path(path)
+    if not path.is_file() and (path.exists() or path.is_symlink()):  # a FIFO in its place would be read forever
+        raise CheckpointError(f"{path} {not_a_file(path)}, where a JSON file should be; put back the file attnkit "
+                              "saved")
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -192,7 +205,9 @@ def verify_files(directory: str | Path, names: Iterable[str] | None = None) -> N
             continue
         path = directory / name
         if not path.is_file():
-            raise CheckpointError(f"{path} is missing, though {directory / CHECKSUMS_FILE} lists it")
+            raise CheckpointError(f"{path} {not_a_file(path)}, where {directory / CHECKSUMS_FILE} lists a file: put "
+                                  "the file saved there back, or use another checkpoint of the run "
+                                  "(RUN/checkpoints/step_N)")
         if digest(path) != digests[name]:
             raise CheckpointError(
                 f"{path} is damaged: its SHA-256 differs from the one recorded in {CHECKSUMS_FILE} when it was saved "
@@ -239,11 +254,9 @@ def verify_run_files(directory: str | Path, names: Iterable[str], *, require: bo
 def load_tensors(path: str | Path) -> dict[str, Tensor]:
     """Read a safetensors file; a missing, truncated or corrupted file raises CheckpointError."""
     path = Path(path)
-    if path.is_dir():
-        raise CheckpointError(f"{path} is a directory, where a safetensors file should be; a checkpoint directory "
-                              f"holds {WEIGHTS_FILE} and {CONFIG_FILE} as files")
     if not path.is_file():
-        raise CheckpointError(f"{path} {absent(path)}; a checkpoint directory holds {WEIGHTS_FILE} and {CONFIG_FILE}")
+        raise CheckpointError(f"{path} {not_a_file(path)}, where a safetensors file should be; a checkpoint directory "
+                              f"holds {WEIGHTS_FILE} and {CONFIG_FILE} as files")
     try:
         return load_file(str(path))
     except (SafetensorError, OSError, ValueError, MemoryError) as err:
@@ -452,6 +465,8 @@ def _load_model(
 def stored_values(path: Path) -> int:
     """How many values the safetensors file `path` holds, counted from its header alone. Raises CheckpointError as
     `load_tensors` does for a file that is missing, a directory, truncated or corrupted."""
+    if not path.is_file():
+        load_tensors(path)  # names what is there instead, before an open that a FIFO would hold forever
     try:
         with safe_open(str(path), framework="pt") as handle:
             return sum(math.prod(handle.get_slice(name).get_shape()) for name in handle.keys())
