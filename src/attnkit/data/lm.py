@@ -169,7 +169,7 @@ class LMData:
         return n - seq_len
 
     def _of_files(self) -> str:
-        """' of FILE' (' of N files, FIRST, ...') for the files the stream was read from; '' for ids given."""
+        """' of FILE' (' of N files (FIRST, ...)') for the files the stream was read from; '' for ids given."""
         files = [entry["path"] for entry in self.meta.get("files", [])]
         if not files:
             return ""

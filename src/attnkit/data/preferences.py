@@ -19,7 +19,7 @@ split along B (a rank's share, a micro-batch) keep each pair whole.
 from __future__ import annotations
 
 import logging
-import math
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +31,7 @@ from torch import Tensor
 from attnkit.chat_format import ChatTemplate
 from attnkit.data.batching import IGNORE_INDEX, BucketedData
 from attnkit.data.chat import check_messages, json_record
+from attnkit.data.lm import bos_first
 from attnkit.errors import InputError
 from attnkit.textfiles import EncodingErrors, read_text
 from attnkit.tokenize import Tokenizer
@@ -107,7 +108,8 @@ def pair(record: object, where: str) -> PreferencePair:
         raise InputError('"chosen" and "rejected" are the same response, so the pair prefers nothing: drop the line '
                          "or give two different responses")
     margin = record.get("margin", 0.0)
-    if isinstance(margin, bool) or not isinstance(margin, int | float) or not math.isfinite(margin):
+    # compared, not converted: an integer of 400 digits is no float, and NaN fails every comparison
+    if isinstance(margin, bool) or not isinstance(margin, int | float) or not abs(margin) <= sys.float_info.max:
         raise InputError(f'has "margin": {margin!r}; write a finite number (how much more the chosen is preferred, '
                          "e.g. 1 for slightly better, 3 for significantly better), or leave it out")
     return PreferencePair(where, prompt, chosen, rejected, float(margin))
@@ -171,10 +173,10 @@ class PreferenceRows(BucketedData[PreferenceBatch]):
         width = int(self.lengths[np.asarray(indices)].max())
         rows = [response_row(pair.prompt, response, width, self.pad_id)
                 for pair in (self.pairs[i] for i in indices) for response in (pair.chosen, pair.rejected)]
+        # (2B, T) -> (B, 2, T) each: a pair's chosen row, then its rejected
         inputs, labels = (torch.stack(column).view(len(indices), 2, width) for column in zip(*rows, strict=True))
         margins = torch.tensor([self.pairs[i].margin for i in indices], dtype=torch.float32)  # (B,)
-        return PreferenceBatch(inputs, labels, margins)  # (2B, T) -> (B, 2, T) each: a pair's chosen row, then its
-        # rejected
+        return PreferenceBatch(inputs, labels, margins)
 
 
 def tokenize_pair(pair: PreferencePair, *, template: ChatTemplate, tokenizer: Tokenizer) -> TokenizedPair:
@@ -199,7 +201,7 @@ def text_tokens(tokenizer: Tokenizer, prompt: str, responses: Sequence[str], *,
     """A plain-text prompt's tokens (BOS first where the tokenizer begins its texts with it) and each response's,
     EOS after each: how a preference pair's text is read, and how a reward model scores a reply. Raises InputError,
     naming `where`, for a prompt that is no token."""
-    bos = [tokenizer.bos_id] if getattr(tokenizer, "starts_with_bos", False) and tokenizer.bos_id is not None else []
+    bos = [tokenizer.bos_id] if bos_first(tokenizer) else []
     eos = [tokenizer.eos_id] if tokenizer.eos_id is not None else []
     prompt_ids = bos + tokenizer.encode(prompt)
     if not prompt_ids:

@@ -93,7 +93,8 @@ class ConvLM(StatefulLM):
         cache: ConvState | None = None,
     ) -> tuple[Tensor, ConvState]:
         """The body without the output layer, called as a decoder's `TransformerStack` is (so generation's prefill
-        and steps serve both): input_ids (B, T) -> hidden states (B, T, C) and the state after them.
+        and steps serve both): input_ids (B, T) -> hidden states (B, T, C) and `cache`, holding the state after them;
+        without `cache`, an empty `ConvState` (a pass that keeps nothing: allocate one to continue a text).
 
         attention_mask: (B, T) 1 at real tokens, 0 at padding on the left or the right of each row (outputs at
             padding carry no meaning). A wider mask, (B, S + T) over the tokens already read and these (a KV cache's
