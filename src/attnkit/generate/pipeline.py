@@ -489,9 +489,10 @@ class Pipeline:
         (the log-probabilities, their sum with the beam's score, the top-k's copy); its message ends with `fix`.
 
         A decoder-only model's cache is counted as it is allocated (`kv_bytes_per_position`: its key/value heads,
-        its dtype; a sliding window's layers as if they kept every position, an upper bound). An encoder-decoder's
-        or a recurrent model's is estimated from the config: keys and values of width d_model (hidden_size) in
-        fp32 at every decoder layer and position."""
+        its dtype; a sliding window's layers as if they kept every position, an upper bound). Any other family's
+        (encoder-decoder, recurrent, convolutional, feed-forward) is estimated from the config: keys and values of
+        width d_model (hidden_size) in fp32 at every decoder layer and position, an upper bound for the states of
+        fixed size."""
         config = self.config
         vocab = getattr(config, "target_vocab_size", config.vocab_size)
         if isinstance(config, DecoderConfig):
