@@ -356,6 +356,14 @@ class Pipeline:
         that has them (`attnkit chat` reads its history once, to fit it in the window, and replies to those ids).
         Raises InputError for ids longer than the window, or several replies asked; otherwise as `generate`."""
         self._one_reply(options)
+        return self.chat_replies(ids, stop=stop, stop_tokens=stop_tokens, **options)[0]
+
+    def chat_replies(self, ids: Sequence[int], *, stop: str | Sequence[str] | None = None,
+                     stop_tokens: Sequence[int] = (), **options: Any) -> list[str]:
+        """`chat_reply`'s replies, as many as `options`' num_samples asks, sample i seeded seed + i as `generate`'s
+        are (best-of-N's candidates, `attnkit.tasks.best_of`). Raises InputError for ids longer than the window;
+        otherwise as `generate`."""
+        self._require("generate")
         if len(ids) > self.config.max_seq_len:
             raise InputError(f"the chat renders as {len(ids)} tokens; the model reads at most "
                              f"{self.config.max_seq_len} (max_seq_len): leave out its oldest turns, as attnkit chat "
@@ -363,8 +371,8 @@ class Pipeline:
         stops = [*(text_list(stop, what="stop strings", required=False) if stop is not None else []),
                  *self.chat_template.stops]
         ends = self.chat_end_ids()
-        text = self.generate(list(ids), stop=stops, stop_tokens=[*self._stop_ids(stop_tokens), *ends], **options)[0]
-        return self.chat_template.reply_content(text)
+        texts = self.generate(list(ids), stop=stops, stop_tokens=[*self._stop_ids(stop_tokens), *ends], **options)
+        return [self.chat_template.reply_content(text) for text in texts]
 
     def chat_end_ids(self) -> list[int]:
         """The chat template's end-of-turn tokens (`ChatTemplate.turn_end_ids`, which renders and tokenizes a sample

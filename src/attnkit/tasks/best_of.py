@@ -17,7 +17,6 @@ from typing import Any
 
 from attnkit.data.chat import check_messages, is_chat
 from attnkit.errors import InputError
-from attnkit.run_settings import text_list
 
 log = logging.getLogger(__name__)
 
@@ -99,9 +98,5 @@ def samples(policy: Any, prompt: str | list[dict], *, n: int, seed: int | None, 
     """`n` continuations of a text, or `n` replies to a chat (their content, as `Pipeline.chat` gives one)."""
     if not is_chat(prompt):
         return policy.generate(prompt, num_samples=n, seed=seed, **options)
-    options, template = dict(options), policy.chat_template  # a copy: stop and stop_tokens are taken out
-    ids = template.chat_ids(policy.tokenizer, check_messages(prompt, "prompt"))
-    stops = [*text_list(options.pop("stop", None) or [], what="stop strings", required=False), *template.stops]
-    ends = [*options.pop("stop_tokens", ()), *policy.chat_end_ids()]
-    texts = policy.generate(ids, num_samples=n, seed=seed, stop=stops, stop_tokens=ends, **options)
-    return [template.reply_content(text) for text in texts]
+    ids = policy.chat_template.chat_ids(policy.tokenizer, check_messages(prompt, "prompt"))
+    return policy.chat_replies(ids, num_samples=n, seed=seed, **options)
