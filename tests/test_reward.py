@@ -359,8 +359,8 @@ def test_a_reward_model_needs_a_decoder_to_start_from(base, tmp_path, capsys):
 
 
 def test_a_reward_run_is_served_at_v1_reward_each_text_scored_whole(base, reward_run):
-    """`attnkit serve` answers POST /v1/reward with each text's reward, as `reward(texts)` gives it, and offers no
-    completions (a reward model writes nothing)."""
+    """`attnkit serve` answers POST /v1/reward with each text's reward, as `reward(texts)` gives it, refuses an empty
+    text, no text or a chat in OpenAI's error shape, and offers no completions (a reward model writes nothing)."""
     from fastapi.testclient import TestClient
 
     from attnkit import load
@@ -371,6 +371,11 @@ def test_a_reward_run_is_served_at_v1_reward_each_text_scored_whole(base, reward
         answer = client.post("/v1/reward", json={"input": texts})
         assert answer.status_code == 200, answer.text
         assert client.post("/v1/completions", json={"prompt": "x"}).status_code == 404
+        for body, said in (({"input": ["x", ""]}, "text 1 is empty"), ({"input": []}, "at least 1 item"),
+                           ({"input": [{"role": "user", "content": "x"}]}, "valid string")):
+            refused = client.post("/v1/reward", json=body)
+            assert 400 <= refused.status_code < 500 and said in refused.json()["error"]["message"], refused.text
+            assert refused.json()["error"]["type"] == "invalid_request_error"
     found = [row["result"] for row in answer.json()["data"]]
     assert found == pytest.approx(load(reward_run).reward(texts), abs=1e-5)
 

@@ -196,7 +196,7 @@ def reward(pipeline: Any, texts: str | Sequence[str], replies: str | Sequence[st
     text is (`text_tokens`: the prompt's tokens, the reply's, EOS), or a chat, a list of messages, its reply the
     assistant's turn after them, rendered by the run's chat template as chat pairs are (`conversation_ids`). Each
     sequence is cut to the model's window (with a warning). Raises InputError for no text, as many prompts as
-    replies wanted otherwise, an empty prompt, or messages not laid out as a chat's."""
+    replies wanted otherwise, an empty prompt or text, or messages not laid out as a chat's."""
     one = isinstance(texts, str) or is_chat(texts)
     if not one and (not isinstance(texts, list | tuple) or not texts):
         raise InputError(f"reward() reads a text, a chat, or a non-empty list of them; got {texts!r:.60}")
@@ -224,6 +224,8 @@ def reward(pipeline: Any, texts: str | Sequence[str], replies: str | Sequence[st
         if not isinstance(prompt, str):
             raise InputError(f"text {index} is a {type(prompt).__name__}: give plain text (a string) or a chat (a "
                              'list of {"role": ..., "content": ...} messages)')
+        if reply is None and not prompt:
+            raise InputError(f"text {index} is empty: give a text to score, its prompt and reply together")
         prompt_ids, (reply_ids,) = text_tokens(pipeline.tokenizer, prompt, ["" if reply is None else reply],
                                                where=f"text {index}")
         sequences.append([*prompt_ids, *reply_ids])
