@@ -2,7 +2,8 @@
 native one-query kernel (`native_gemv.attend_one`), then the whole eager token of the speed suite's row with the
 one-query kernel on and off (the plan's `MathKernel.one_query`).
 
-    python -m benchmarks decode_attention [--keys 16 80 144 512] [--rounds 5] [--case generate-small-b1]
+    python -m benchmarks decode_attention [--keys 16 80 144 512] [--rounds 5] [--token-rounds 11]
+                                          [--case generate-small-b1]
 
 Each kernel times (1, H, 1, D) queries against S cached keys (views into a longer buffer, as a KV cache holds them),
 the kernels taking turns within each round, best of `--rounds`, in this process's CPU time (`time.process_time`), one

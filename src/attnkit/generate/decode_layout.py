@@ -196,7 +196,7 @@ class NativeLinear(GemvLinear):
         if x.numel() > self.max_rows * self.in_features:
             return self.rows(x)
         product = native_gemv.layer_product(self, bias="bias_fp32")  # bound again where `.to` replaced the tensors
-        out = product(x.reshape(-1, self.in_features), x.dtype)  # (M, N): bf16 rows' written in bf16 where it can
+        out = product(x.reshape(-1, self.in_features), x.dtype)  # (M, N) in x's dtype: bf16 written so by the kernel
         return out.view(*x.shape[:-1], self.out_features)
 
 

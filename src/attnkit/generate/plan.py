@@ -26,7 +26,8 @@ The choices, in the order they are applied:
                     where the weights are read (Shaw's value term) or SDPA cannot score (additive scores, soft-caps),
                     SDPA with a dense (T, S) bias for ALiBi and windows, SDPA bare for plain causal attention; SDPA, or
                     plain float32 products for short reduced-precision attention on the CPU where the profile
-                    measured them faster (`layers/kernels.py`)
+                    measured them faster (`layers/kernels.py`), a single unmasked decoding query of an eager step
+                    going first to the native one-query kernel (`native_gemv.attend_one`) where the kernels run
     compilation     none; a decoder's whole decoding step with fixed shapes, through torch.compile
                     (`static_decode.py`) or captured ahead of time (`captured_step.py`: nn.Linear's layout and SDPA,
                     which serve every cache length; not for int4 weights); or each block
