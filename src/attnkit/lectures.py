@@ -113,6 +113,8 @@ TEST_VARIANTS = "test_models_variants.py::test_every_variant_keeps_the_lectures_
 TEST_CACHE = "test_models.py::test_decoder_kv_cache_equals_full_forward"
 TEST_CONTEXT = "test_experiments_sequence_models.py::test_loss_by_context_is_flat_past_a_models_reach_and_not_within_it"
 TEST_HEADS = "test_viz.py::test_decoder_maps_are_the_reference_weights_with_the_tokenizers_pieces"
+TEST_SPECIALISE = ("test_experiments_false_claims.py::"
+    "test_heads_specialise_does_not_hold_where_there_is_nothing_to_learn")
 TEST_EXTRAP_REFUSED = ("test_generate_decoder.py::"
     "test_a_context_beyond_a_learned_position_table_is_refused_before_decoding")
 TEST_FINETUNE = "test_finetune.py::test_pretrain_finetune_and_eval_from_the_command_line"
@@ -363,8 +365,7 @@ LECTURES: tuple[Lecture, ...] = (
         Topic("Multi-head attention: each head may track another relationship", T03,
               ("layers.attention:Attention",), picture=HEADS_PNG, page="user-guide/looking-inside.md",
               section="Multi-head attention",
-              tests=(TEST_MHA, "test_experiments_false_claims.py::"
-                     "test_heads_specialise_does_not_hold_where_there_is_nothing_to_learn")),
+              tests=(TEST_MHA, TEST_SPECIALISE)),
         Topic("Probing and mechanistic interpretability: what these heads actually do (one head tracks syntax, "
               "another proper names?; and steering a model by activation addition: "
               "`attnkit inspect RUN steer --text Hello --steer Love Hate`)", T09,
@@ -471,9 +472,11 @@ LECTURES: tuple[Lecture, ...] = (
         Topic("Multi-head attention: intuition (I run a small business), concept, code (minGPT's forward)", T03,
               ("layers.attention:Attention",), section="Multi-head attention",
               tests=(TEST_MHA,)),
-        Topic("What happens with several heads: Vaswani et al.'s figure 3, BertViz", None, ("viz",),
-              picture=HEADS_PNG, page="user-guide/looking-inside.md",
-              tests=(TEST_HEADS, "test_inspect_trace.py::test_the_pattern_read_is_the_weights_need_weights_returns")),
+        Topic("What happens with several heads: Vaswani et al.'s figure 3, BertViz", T03, ("viz",),
+              "heads-specialise", HEADS_PNG, "user-guide/looking-inside.md",
+              section="Going further: train an encoder on the A/B task and look at its heads",
+              tests=(TEST_HEADS, "test_inspect_trace.py::test_the_pattern_read_is_the_weights_need_weights_returns",
+                     TEST_SPECIALISE)),
         Topic("Masking for language-model training", T03, ("layers.masks",),
               section="Masks: no looking ahead, no attending to padding",
               tests=(TEST_MASK, TEST_CAUSAL)),
