@@ -341,6 +341,22 @@ def test_bad_best_of_flags_are_refused_in_one_line(base, reward_run, capsys, mor
     assert said in err and "Traceback" not in err
 
 
+def test_chat_pairs_beside_plain_text_pairs_are_refused_naming_both_files(base, tmp_path, capsys):
+    """A run learns one layout (task.json records which): --val-data of chats beside --data of plain text is refused
+    before training, naming both files, where the record named the first pair's layout alone."""
+    from attnkit import cli
+
+    chats = tmp_path / "chats.jsonl"
+    chats.write_text(json.dumps({"prompt": [{"role": "user", "content": "a"}], "chosen": [{"role": "assistant",
+                     "content": "B"}], "rejected": [{"role": "assistant", "content": "b"}]}) + "\n", encoding="utf-8")
+    args = reward_args(base, tmp_path / "rm", "--max-steps", "1")
+    args[args.index("--val-data") + 1] = str(chats)
+    assert cli.main(args) != 0
+    err = capsys.readouterr().err
+    assert f"{chats} holds chat messages and {base / 'train.jsonl'} plain text" in err and "Traceback" not in err
+    assert not (tmp_path / "rm" / "model.safetensors").exists()
+
+
 def test_a_reward_model_needs_a_decoder_to_start_from(base, tmp_path, capsys):
     pytest.importorskip("transformers")
     from interop_models import hf_model, word_tokenizer

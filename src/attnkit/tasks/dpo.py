@@ -228,13 +228,19 @@ class DPOTask(EpochTask):
 
 def preference_split(data: Any, seed: int, *, task: str = "dpo") -> tuple[list[PreferencePair], list[PreferencePair]]:
     """The training and held-out pairs the data settings name (without --val-data: `val_fraction` held out), for
-    `--task task` (dpo, reward). Raises InputError without --data, or for a file of one pair and no --val-data."""
+    `--task task` (dpo, reward). Raises InputError without --data, for a file of one pair and no --val-data, or for
+    files of chat pairs beside files of plain-text ones (each file is of one layout, `read_pairs`)."""
     if not data.data:
         raise InputError(f'--task {task} needs --data FILE.jsonl: preference pairs, one {{"prompt", "chosen", '
                          '"rejected"} object a line')
-    read = [p for path in data.data for p in read_pairs(path, encoding_errors=data.encoding_errors)]
+    files = [(path, read_pairs(path, encoding_errors=data.encoding_errors)) for path in (*data.data, *data.val_data)]
+    layouts = {"chat messages" if pairs[0].is_chat else "plain text": path for path, pairs in files if pairs}
+    if len(layouts) > 1:
+        raise InputError(f"{layouts['chat messages']} holds chat messages and {layouts['plain text']} plain text: "
+                         f"--task {task} learns from pairs of one layout (--data and --val-data alike); convert one")
+    read = [p for path, pairs in files[:len(data.data)] for p in pairs]
     if data.val_data:
-        return read, [p for path in data.val_data for p in read_pairs(path, encoding_errors=data.encoding_errors)]
+        return read, [p for path, pairs in files[len(data.data):] for p in pairs]
     if len(read) < 2:
         raise InputError(f"{data.data[0]} holds one pair: give two or more (some are held out to validate), or "
                          "--val-data FILE")
