@@ -19,12 +19,15 @@ product rate measured in this run, and the GPU's dense bf16 peak from its data s
             request exactly 64 tokens, with the scheduler's mean batch and time per iteration (the device's included)
             from the server's /metrics; targets: 8 clients >= 5x one client's tokens/s, 32 clients >= 12x
 
-A row that fails records its error and the others go on; the parts run in the order `--only` names them, and the
-results are written after each part. Results: benchmarks/results/gpu-<device>.json and .md (or under --out), with
-the GPU's name, torch and CUDA versions. `--smoke` runs every row at a tiny shape on whatever device there is (the
-CPU, in the test suite), to check this script where no GPU is.
+A row that fails records its error and the others go on (exit 1 where a row of the parts run failed); the parts run
+in the order `--only` names them, and the results are written after each part (variants: after each variant).
+Results: benchmarks/results/gpu-<device>.json and .md (or under --out), with the GPU's name, torch and CUDA versions;
+`--append` keeps the other parts' rows of that report (benchmarks/gpu_session.sh runs one part a process). `--smoke`
+runs every row at a tiny shape on whatever device there is (the CPU, in the test suite), to check this script where
+no GPU is.
 
-    python -m benchmarks gpu [--smoke] [--only train variants decode serve] [--rounds 2] [--steps 8] [--out DIR]
+    python -m benchmarks gpu [--smoke] [--only train variants decode serve] [--append] [--rounds 2] [--steps 8]
+                             [--out DIR]
 """
 
 from __future__ import annotations
@@ -587,7 +590,8 @@ def main(argv: list[str] | None = None) -> int:
         written = report([])  # after each part
     print(markdown(written), flush=True)
     print(f"wrote {out / stem}.json and .md ({written['seconds']:.0f} s)", flush=True)
-    return 0 if all("error" not in r for r in rows) else 1
+    # this run's rows alone: with --append, an earlier part's failed row is that part's exit status, not this one's
+    return 0 if all("error" not in r for r in rows if r["part"] in args.only) else 1
 
 
 def earlier_report(path: Path, machine: dict) -> dict | None:

@@ -19,7 +19,7 @@
 # the device tool, 600 s at most, less Python's start and the copies); a stage whose minimum no longer fits is not
 # started, and session.txt says so (variants writes its report after each variant, so its minimum is SDPA-causal's
 # and one variant's rows). Caps and minimums in seconds, from the H200 run of gpu-nvidia-h200.md (train: three
-# compiles of about 30 s; decode: eight rows with first calls of 7-15 s; train, serve and decode 251 s together):
+# compiles of about 30 s; decode: eight rows with first calls of 6-15 s; train, serve and decode 251 s together):
 STAGES="tests:150:60 train:150:110 serve:90:45 decode:150:100 variants:330:130 rnn-vs-transformer-cost:150:40
         transformer-plus-plus:600:240"
 # Everything is written under runs/gpu-session/ (or $GPU_SESSION_DIR), which git ignores and a machine still warm keeps

@@ -1,5 +1,6 @@
 """`python -m benchmarks gpu`: it refuses without CUDA (saying how to check it anyway), reports each row against
-its peer from the same run, and runs end to end at tiny shapes on the CPU (`--smoke`, slow)."""
+its peer from the same run, adds one part's rows to an earlier report of the same GPU (`--append`), and runs end to
+end at tiny shapes on the CPU (`--smoke`, slow)."""
 
 import json
 import tempfile
@@ -208,3 +209,19 @@ def test_variants_hand_over_their_rows_one_variant_at_a_time():
     assert names[0] == ["SDPA-causal", "ALiBi, FlexAttention", "ALiBi, SDPA dense bias", "ALiBi, reference"]
     assert all(r["ms_per_step"] > 0 for r in handed[0] if "skipped" not in r)  # timed before it is handed over
     assert len(handed[-1][0]["round_ms"]) == 3  # SDPA-causal took its turn beside each variant
+
+
+def test_append_exits_on_this_parts_rows_alone(tmp_path, monkeypatch):
+    """With --append, a part that succeeds exits 0 although an earlier part's row in the same report failed (the
+    GPU session notes each stage's exit status: the earlier failure is the earlier stage's), and both rows stay."""
+    train = {"part": "train", "impl": "attnkit", "error": "RuntimeError: out of memory"}
+    bench_gpu.write_report({"machine": bench_gpu.machine(torch.device("cpu")), "command": "python -m benchmarks gpu "
+                            "--smoke --only train", "train_shape": "2 layers", "results": [train]}, tmp_path,
+                           "gpu-smoke")
+    serve = {"part": "serve", "impl": "attnkit serve", "clients": 1, "tokens_per_s": 100.0, "p50_s": 0.1, "p99_s": 0.2}
+    monkeypatch.setattr(bench_gpu, "serve_rows", lambda device, smoke: [serve])
+    assert bench_gpu.main(["--smoke", "--only", "serve", "--append", "--out", str(tmp_path)]) == 0
+    assert json.loads((tmp_path / "gpu-smoke.json").read_text())["results"] == [train, serve]
+    failing = {**serve, "error": "RuntimeError: the server did not start"}
+    monkeypatch.setattr(bench_gpu, "serve_rows", lambda device, smoke: [failing])
+    assert bench_gpu.main(["--smoke", "--only", "serve", "--append", "--out", str(tmp_path)]) == 1

@@ -1,6 +1,9 @@
-"""benchmarks/gpu_session.sh, the one script a rented GPU machine runs: its CUDA tests are every test module that
-holds one (a module left out would go unrun there without a word), and a part it does not know is refused before
-any part runs."""
+"""benchmarks/gpu_session.sh, the one script a lent GPU machine runs, and benchmarks/gpu_results.py, which files what
+it brought back. The script: its CUDA tests are every test module that holds one (a module left out would go unrun
+there without a word), a part it does not know or an $OUT it cannot write is refused before any stage runs, and each
+stage runs within what is left of the budget, its end (or why it was not started) said in session.txt. The collector:
+each file put where the docs read it, and a spoilt, partial or --smoke session refused in one line, nothing copied.
+A stand-in interpreter takes python's place in the script's tests, so they take seconds (the --smoke run: slow)."""
 
 import json
 import re
