@@ -65,8 +65,8 @@ def router(state: ServerState) -> APIRouter:
         if body.stream_options is not None and not body.stream:  # as OpenAI and vLLM refuse it
             raise APIError(400, "stream_options is read only when the answer is streamed: send stream: true, or "
                            "leave stream_options out", param="stream_options")
-        # a request's prompts are bounded as the queue is: no retry could take more (half of them hold places
-        # in the queue, the rest wait behind them, `serve/waiting.py`)
+        # at most --max-queue prompts a request, so that what waits stays bounded (half of them hold places in the
+        # queue, the rest wait behind them without one, `serve/waiting.py`): 400, as the same request retried fails
         if len(prompts) > settings.max_queue:
             raise APIError(400, f"this request has {len(prompts)} prompts; this server queues at most "
                            f"{settings.max_queue} (--max-queue): send at most that many per request", param="prompt")
