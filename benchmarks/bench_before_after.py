@@ -3,8 +3,9 @@
     python -m benchmarks before_after --old DIR [--new DIR] [--only CASE ...] [--rows fp32 bf16 int8-dynamic]
                                       [--pairs 9] [--threads 1] [--clock wall | cpu] [--name before-after]
 
-Each checkout builds the row's model with its own harness (`benchmarks/speed.py`'s `step_function`, imported in a
-worker process started in that checkout with its `src/` first on the path), so the earlier code runs as it ran then.
+Each checkout builds the row's model with its own harness (`benchmarks/speed.py`'s `step_function`, named
+`_step_function` in checkouts from before 3ca609c4, imported in a worker process started in that checkout with its
+`src/` first on the path), so the earlier code runs as it ran then.
 The two workers stay up and take turns, one greedy generation (the suite's 128 tokens) each, which one goes first
 alternating from pair to pair, so a machine shared with other work moves both sides of a pair alike; after one
 warm-up generation each, `--pairs` pairs are timed. The ratio is the median of the pairs' own ratios (new over old),
@@ -31,9 +32,13 @@ from attnkit.machine import CpuCapabilities
 from benchmarks.common import RESULTS, ROOT
 from benchmarks.speed import CASES, INT8_DYNAMIC
 
+# The speed harness's function that builds a row: its name since 3ca609c4, and its name before that (from 7820aaab,
+# which added the harness). An older checkout is history that cannot be renamed, so its worker calls the old name.
+ROUTES = ("step_function", "_step_function")
 ROWS = (("attnkit", "fp32"), ("attnkit", "bf16"), (INT8_DYNAMIC, "bf16"))  # (the suite's impl, dtype)
 ROW_LABELS = {("attnkit", "fp32"): "fp32", ("attnkit", "bf16"): "bf16", (INT8_DYNAMIC, "bf16"): "int8-dynamic"}
-# A worker: builds the row in its checkout's harness, then times one repetition per line read, printing seconds.
+# A worker: builds the row in its checkout's harness (argv[6]: the route, `ROUTES`), then times one repetition per
+# line read, printing seconds.
 WORKER = """
 import sys, time, torch
 from benchmarks import speed
@@ -41,7 +46,7 @@ torch.set_num_threads(int(sys.argv[4]))
 clock = time.process_time if sys.argv[5] == "cpu" else time.perf_counter
 torch.manual_seed(0)
 case = next(c for c in speed.CASES if c.name == sys.argv[1])
-model, step = speed.step_function(case, sys.argv[2], sys.argv[3])
+model, step = getattr(speed, sys.argv[6])(case, sys.argv[2], sys.argv[3])
 print("ready", flush=True)
 for _ in sys.stdin:
     start = clock()
@@ -55,7 +60,8 @@ class Worker:
 
     def __init__(self, tree: Path, case: str, impl: str, dtype: str, threads: int, clock: str) -> None:
         env = {**os.environ, "PYTHONPATH": str(tree / "src"), "OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1"}
-        self.process = subprocess.Popen([sys.executable, "-c", WORKER, case, impl, dtype, str(threads), clock],
+        route = harness_route(tree)
+        self.process = subprocess.Popen([sys.executable, "-c", WORKER, case, impl, dtype, str(threads), clock, route],
                                         cwd=tree, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         if self.process.stdout.readline().strip() != "ready":
             raise RuntimeError(f"the worker in {tree} did not start ({case} {impl} {dtype})")
@@ -70,15 +76,21 @@ class Worker:
         self.process.wait()
 
 
+def harness_route(tree: Path) -> str | None:
+    """The function of `ROUTES` that `tree`'s benchmarks/speed.py defines, or None."""
+    source = (tree / "benchmarks" / "speed.py").read_text(encoding="utf-8")
+    return next((name for name in ROUTES if f"def {name}(" in source), None)
+
+
 def checkout_problem(tree: Path) -> str | None:
-    """Why `tree` cannot be one side of the comparison (not an attnkit checkout, or one from before its harness named
-    `step_function`, the route to a row the worker calls), or None."""
+    """Why `tree` cannot be one side of the comparison (not an attnkit checkout, or one whose harness has no route
+    to a row, `ROUTES`), or None."""
     speed = tree / "benchmarks" / "speed.py"
     if not speed.is_file() or not (tree / "src" / "attnkit").is_dir():
         return f"{tree} is not an attnkit checkout (no benchmarks/speed.py and src/attnkit)"
-    if "def step_function(" not in speed.read_text():
-        return (f"{tree}'s benchmarks/speed.py has no step_function (it is from before commit 3ca609c4): check out "
-                "a later commit")
+    if harness_route(tree) is None:
+        return (f"{tree}'s benchmarks/speed.py has neither step_function nor _step_function (it is from before "
+                "commit 7820aaab, which added the speed harness): check out a later commit")
     return None
 
 

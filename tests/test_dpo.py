@@ -197,7 +197,7 @@ def test_a_chat_pair_renders_with_the_template_and_its_responses_are_the_replies
     ("[1, 2]", "line 2: holds a JSON list; write an object"),
     ('{"prompt": [{"role": "user", "content": "a"}], "chosen": [{"role": "assistant", "content": "b"}], '
      '"rejected": [{"role": "assistant", "content": "c"}]}', "line 2 holds chat messages where .*line 1 holds plain"),
-    *[('{"prompt": "a", "chosen": "b", "rejected": "c", "margin": %s}' % margin,
+    *[('{"prompt": "a", "chosen": "b", "rejected": "c", "margin": ' + margin + "}",
        rf'line 2: has "margin": {shown}; write a finite number') for margin, shown in [
         ("true", "True"), ('"2"', "'2'"), ("NaN", "nan"), ("1e400", "inf"), ("1" + "0" * 400, "1" + "0" * 400)]],
 ])
