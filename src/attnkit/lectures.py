@@ -389,7 +389,7 @@ LECTURES: tuple[Lecture, ...] = (
               tests=("test_recurrent_cli.py::test_seq2seq_variants_train_resume_and_translate_from_the_command_line",),
               gap="no experiment decides the claim: the Multi30k table (read) measured it once, at equal time on one "
                   "CPU (sacreBLEU 22.3 for the Transformer, 14.4 and 4.4 for the GRUs with and without attention), "
-                  "and the test named shows only that the three train, resume and translate"),
+                  "and the test named shows only that the recurrent translators train, resume and translate"),
         Topic("Under the hood, ChatGPT uses a Transformer (plus some other stuff): a pre-trained decoder fine-tuned "
               "on conversations to answer as an assistant (`attnkit train --task chat --data FILE`, then "
               "`attnkit chat RUN`), then taught which of two replies people prefer (Direct Preference Optimization: "
