@@ -1,6 +1,7 @@
 """`attnkit inspect RUN steer`: each continuation is the one attnkit.generate's decoder writes with and without the
 same steering (greedy), one seed gives both sampled continuations (coefficient 0: the same text), the two are logged
-side by side, and bad flags are refused by name before or as the model loads."""
+side by side, a padded vocabulary's ids are never written, a temperature near 0 draws the greedy text, and bad
+flags are refused by name before or as the model loads."""
 
 import json
 import logging
@@ -152,3 +153,32 @@ def test_a_bar_in_a_cell_is_escaped():
     """A continuation such as `a | b` would otherwise split its cell in two and shift the row's columns."""
     table = markdown("t", {}, [{"prompt": "a|b", "steered": "x || y"}]).splitlines()
     assert table[-1] == "| a\\|b | x \\|\\| y |"
+
+
+def test_a_padded_vocabulary_writes_and_lists_only_the_tokenizers_ids(tmp_path):
+    """A model whose vocabulary is padded past its tokenizer's (ids that name no text): neither continuation draws
+    a padding id and the raised and lowered tokens are the tokenizer's, where decoding one was refused."""
+    from attnkit import build_model
+    from attnkit.checkpoint import save_model
+    from attnkit.config import ModelConfig
+    from attnkit.tokenize import CharTokenizer
+
+    tokenizer = CharTokenizer("abcdefgh ")
+    config = ModelConfig(family="decoder", vocab_size=tokenizer.vocab_size + 40, d_model=16, n_layers=1, n_heads=2,
+                         d_ff=32, max_seq_len=32)
+    torch.manual_seed(0)
+    save_model(build_model(config).eval(), config, tmp_path / "run")
+    tokenizer.save(tmp_path / "run" / "tokenizer")
+    report = _steer(tmp_path / "run", tmp_path / "out", text=("abc",), steer=("ggg", "aaa"), coeff=5.0, tokens=20)
+    written = report["rows"][0]["steered"] + report["rows"][0]["unsteered"]
+    assert written and set(written) <= set("abcdefgh ")
+    pieces = set(tokenizer.pieces(range(tokenizer.vocab_size)))
+    listed = report["summary"]["raised most"] + ", " + report["summary"]["lowered most"]
+    assert {name.rsplit(" (", 1)[0].strip("'") for name in listed.split(", ")} <= pieces
+
+
+def test_a_tiny_temperature_draws_the_greedy_text(run, tmp_path):
+    """logits / 1e-300 overflow float32 (inf - inf: nan probabilities); the draw is the likeliest token's, as at 0."""
+    flags = {"text": ("abc",), "steer": ("ggg", "aaa"), "coeff": 8.0, "tokens": 10}
+    tiny = _steer(run, tmp_path / "tiny", temperature=1e-300, **flags)["rows"]
+    assert tiny == _steer(run, tmp_path / "greedy", temperature=0.0, **flags)["rows"]

@@ -105,7 +105,7 @@ GREEDY_TOKENS = 48  # a source alone is translated greedily to this many tokens 
 LEGEND_LINES = 16  # circuits: the OV spectra get a legend up to this many heads
 CELL_WIDTH = 0.6  # inches per column of a patching table: room for a number such as -0.0044 at 6 points
 STEER_SHOWN = 8  # steer: the next tokens the steering raises most, and lowers most, drawn and listed
-COLUMN = 44  # steer: the width of each continuation's column as the two are logged side by side
+STEER_COLUMN = 44  # steer: the width of each continuation's column as the two are logged side by side
 HEAD_POINTS = {"z": "outputs", "q": "queries", "k": "keys", "v": "values", "pattern": "patterns"}  # --point, in words
 
 
@@ -934,7 +934,7 @@ def _context(pieces: list[str]) -> str:
     return "".join(pieces[:-1]) + f"[{pieces[-1]}]"
 
 
-def _cell(text: str) -> str:
+def _code_span(text: str) -> str:
     """`text` as a markdown code span shows it (a `|` is escaped by the table, `report.markdown`)."""
     return text.replace("`", "'")
 
@@ -973,7 +973,7 @@ def _sae(loaded: Loaded, settings: InspectSettings):
     ax.set(title=f"feature frequency ({metrics.dead_share:.0%} dead)", xlabel="log10 share of tokens it fires on",
            ylabel="features")
     rows = [{"feature": f.index, "fires on": round(f.frequency, 4),
-             "top contexts": " / ".join(f"`{_cell(c)}` ({v:.2f})" for v, c in f.top)} for f in found]
+             "top contexts": " / ".join(f"`{_code_span(c)}` ({v:.2f})" for v, c in f.top)} for f in found]
     summary = {"point": point, "architecture": "TopK" if settings.k else "ReLU + L1", "features": config.d_sae,
                "activations (held out)": evaluation.shape[0], **metrics.row(), "saved": str(saved)}
     return f"Sparse autoencoder at {point}", rows, summary, figure
@@ -987,8 +987,7 @@ def _steer(loaded: Loaded, settings: InspectSettings):
     layer = blocks // 2 if settings.layer is None else settings.layer
     if not 0 <= layer < blocks:
         raise InputError(f"--layer {layer}: the run has {blocks} block{'s' * (blocks != 1)}, so give 0..{blocks - 1} "
-                         "(the input of that "
-                         "block is steered)")
+                         "(the input of that block is steered)")
     point = f"blocks.{layer}.resid_pre"
     pair = [text_batch(loaded, text, prompt=True).args[0] for text in settings.steer]  # (1, n) each
     if pair[0].shape[1] != pair[1].shape[1]:
@@ -998,6 +997,7 @@ def _steer(loaded: Loaded, settings: InspectSettings):
                          "position by position: add spaces to the shorter until both are as long (Turner et al. pad "
                          "with spaces)")
     vector = contrast_vector(loaded.model, point, pair[0], pair[1])  # (n, C)
+    writable = loaded.tokenizer.vocab_size  # a vocabulary padded past the tokenizer's: those ids name no text
     rows, shifts = [], []
     for text in _texts(settings):
         prompt = text_batch(loaded, text, prompt=True).args[0]  # (1, T)
@@ -1010,14 +1010,14 @@ def _steer(loaded: Loaded, settings: InspectSettings):
             generator = torch.Generator(loaded.device).manual_seed(settings.seed)  # one seed for both
             with steering(loaded.model, point, vector, coeff=coeff), torch.no_grad():
                 tokens = _continued(loaded.model, prompt, tokens=settings.tokens, temperature=settings.temperature,
-                                    generator=generator)
-                last = loaded.model(prompt).logits[0, -1].float().log_softmax(-1)  # (V,)
+                                    generator=generator, writable=writable)
+                last = loaded.model(prompt).logits[0, -1].float().log_softmax(-1)[:writable]  # (V',)
             written[name] = loaded.tokenizer.decode(tokens)
             shifts.append(last)
         rows.append({"prompt": text, **written})
         log.info("%s", _side_by_side(text, written, f"{settings.coeff:+g} x ({settings.steer[0]!r} - "
                                                     f"{settings.steer[1]!r}) at {point}"))
-    change = torch.stack(shifts[1::2]).mean(0) - torch.stack(shifts[0::2]).mean(0)  # (V,): log p steered - unsteered
+    change = torch.stack(shifts[1::2]).mean(0) - torch.stack(shifts[0::2]).mean(0)  # (V',): log p steered - unsteered
     names = _labels(loaded.tokenizer, range(change.shape[0]))
     order = change.argsort(descending=True).tolist()
     raised, lowered = order[:STEER_SHOWN], order[::-1][:STEER_SHOWN]
@@ -1040,16 +1040,21 @@ def _steer(loaded: Loaded, settings: InspectSettings):
     return "Activation addition", rows, summary, figure
 
 
-def _continued(model: nn.Module, prompt: Tensor, *, tokens: int, temperature: float,
-               generator: torch.Generator) -> list[int]:
+def _continued(model: nn.Module, prompt: Tensor, *, tokens: int, temperature: float, generator: torch.Generator,
+               writable: int) -> list[int]:
     """`tokens` new token ids after `prompt` (1, T), decoded through the KV cache (a steered position is steered
-    once), each drawn at `temperature` (0: the likeliest)."""
+    once), each drawn at `temperature` (0: the likeliest) from the first `writable` ids (the tokenizer's). A loop of
+    its own: inspect does not import generate, its sibling (tests/test_imports.py); the steer test holds its greedy
+    text equal to generate_tokens'."""
     cache = model.allocate_cache(1, prompt.shape[1] + tokens)
     ids, written = prompt, []
     for _ in range(tokens):
-        logits = model(ids, cache=cache).logits[0, -1].float()  # (V,)
-        chosen = (logits.argmax() if temperature == 0 else
-                  torch.multinomial((logits / temperature).softmax(-1), 1, generator=generator)[0])
+        logits = model(ids, cache=cache).logits[0, -1, :writable].float()  # (V',): the ids that name a text
+        if temperature == 0:
+            chosen = logits.argmax()
+        else:  # shifted so the likeliest is 0: however small t, no inf - inf (nan) in the softmax
+            scaled = (logits.double() - logits.max()) / temperature  # (V',) <= 0
+            chosen = torch.multinomial(scaled.softmax(-1), 1, generator=generator)[0]
         written.append(int(chosen))
         ids = chosen.view(1, 1)  # (1, 1): the next step's input
     return written
@@ -1057,10 +1062,10 @@ def _continued(model: nn.Module, prompt: Tensor, *, tokens: int, temperature: fl
 
 def _side_by_side(prompt: str, written: dict[str, str], steered: str) -> str:
     """The two continuations of `prompt` as two wrapped columns, the unsteered left (line breaks written \\n)."""
-    columns = [textwrap.wrap(written[name].replace("\n", "\\n"), COLUMN, drop_whitespace=False) or [""]
+    columns = [textwrap.wrap(written[name].replace("\n", "\\n"), STEER_COLUMN, drop_whitespace=False) or [""]
                for name in ("unsteered", "steered")]  # a line break shown as \n, so the columns stay side by side
-    lines = [f"prompt: {prompt!r}", f"{'unsteered':<{COLUMN}} | steered: {steered}"]
-    lines += [f"{left:<{COLUMN}} | {right}" for left, right in itertools.zip_longest(*columns, fillvalue="")]
+    lines = [f"prompt: {prompt!r}", f"{'unsteered':<{STEER_COLUMN}} | steered: {steered}"]
+    lines += [f"{left:<{STEER_COLUMN}} | {right}" for left, right in itertools.zip_longest(*columns, fillvalue="")]
     return "\n".join(lines)
 
 
