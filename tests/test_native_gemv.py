@@ -2,7 +2,8 @@
 to their references on drawn shapes: the library built once per machine and checked against its digest before each
 load; the reasons they cannot run (no compiler, a failed build, a CPU without AVX2 and FMA) and the plan keeping
 PyTorch's kernels for them; the wrappers refusing tensors the C code would misread; the layers sending rows beyond
-their kernels' to the matrix products; and the plan, `attnkit generate` and the tune choosing them."""
+their kernels' to the matrix products; the plan, `attnkit generate` and the tune choosing them; and the one-query
+attention kernel (`attend_one`) against the float32 products, with the inputs it refuses and the queries it serves."""
 
 import copy
 import hashlib
@@ -638,7 +639,13 @@ def test_the_one_query_kernel_refuses_inputs_it_would_misread(q_shape, k_shape, 
         with torch.no_grad():  # no gradient asked for: the kernel serves
             torch.testing.assert_close(native_gemv.attend_one(q, k, values, 0.5),
                                        grouped_attention(q, k, values, None, scale=0.5))
-    assert native_gemv.attend_one_query(q[:, :, :1], k[..., :1], k[..., :1].half(), 0.5) is None  # fp16 values
+
+
+def test_the_one_query_kernel_declines_values_of_another_dtype():
+    _require_kernels()
+    q, k = torch.randn(1, 2, 1, 8), torch.randn(1, 2, 5, 8)  # (B, H, 1, D), (B, Hkv, S, D)
+    assert native_gemv.attend_one_query(q, k, k.clone(), 0.5) is not None
+    assert native_gemv.attend_one_query(q, k, k.half(), 0.5) is None
 
 
 def test_the_plan_hands_bf16_decoding_the_one_query_kernel_and_attention_takes_it(monkeypatch):
