@@ -1,5 +1,6 @@
-"""`python -m benchmarks gpu`: attnkit on one CUDA GPU against its peers, in one process, in under 8 minutes on an
-H100 or H200. Every figure is a ratio against a peer timed in the same run, or a fraction of a peak: the matrix
+"""`python -m benchmarks gpu`: attnkit on one CUDA GPU against its peers, in one process, in about 10 minutes on an
+H100 or H200 (planned: train, serve and decode took 251 s on an H200; variants, not yet run on a GPU, compiles ten
+training rows, some 5 minutes). Every figure is a ratio against a peer timed in the same run, or a fraction of a peak: the matrix
 product rate measured in this run, and the GPU's dense bf16 peak from its data sheet (989 TFLOP/s, H100/H200 SXM).
 
     train   GPT-2 124M's shape (12 layers, width 768, 12 heads, batch 16 x 1,024, bf16 autocast): nanoGPT's model.py
