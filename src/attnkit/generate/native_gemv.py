@@ -1,4 +1,5 @@
-"""Hand-written matrix products for decoding (`native/gemv.c`), for the forms PyTorch has no fast CPU kernel for.
+"""Hand-written matrix products for decoding (`native/gemv.c`), for the forms PyTorch has no fast CPU kernel for;
+and one decoding query's attention.
 
 A decoding step multiplies one row (or a few) by every weight matrix, so its speed is the speed of reading the
 weights. PyTorch's kernels read them below the memory's rate in every form measured here (`python -m benchmarks
@@ -31,8 +32,8 @@ AVX2 and FMA; an AVX-512 CPU run with its AVX2 kernels, `ATEN_CPU_CAPABILITY=avx
 under `cache_home()`/kernels, named by a digest of its source, flags and compiler, beside the digest of the built
 file, which is checked before each load (a file that does not match is built again). `unavailable()` says why the
 kernels cannot run here (a CPU without AVX2 and FMA, no compiler, a failed build); the inference plan then keeps
-PyTorch's kernels and says so. Calls release the interpreter lock (ctypes) and share output rows among
-`torch.get_num_threads()` OpenMP threads.
+PyTorch's kernels and says so. Calls release the interpreter lock (ctypes); the products share output rows among
+`torch.get_num_threads()` OpenMP threads, and `attend_one` runs on one.
 """
 
 from __future__ import annotations
