@@ -248,6 +248,70 @@ def test_a_run_refused_after_its_data_is_read_leaves_out_as_it_found_it(tmp_path
     assert tree(tmp_path / "a" if place == "new and nested" else out) == before
 
 
+def write_meanwhile(folder: Path) -> dict[str, bytes | None]:
+    """What another program writes into `folder` while a run prepares there: a file and a folder holding one."""
+    (folder / "notes.txt").write_text("not the run's\n")
+    (folder / "other").mkdir()
+    (folder / "other" / "data.txt").write_text("nor this\n")
+    return {f"{folder.name}/notes.txt": b"not the run's\n", f"{folder.name}/other": None,
+            f"{folder.name}/other/data.txt": b"nor this\n"}
+
+
+@pytest.mark.parametrize("when", ["after the claim, in a folder that held files", "during the claim, in a new folder"])
+def test_a_refused_run_removes_only_what_it_made(tmp_path, capsys, monkeypatch, when):
+    # the clean-up of a refused run removed every name that was not in --out before: a file another program saved
+    # there meanwhile (or in a folder the claim had just made) went with the run's own
+    from attnkit.train import job, rundir
+
+    text = tmp_path / "short.txt"
+    text.write_text("a text too short for one window\n")
+    out = tmp_path / "run"
+    written = {}
+    if when.startswith("after"):
+        out.mkdir()
+        (out / "kept.txt").write_text("kept\n")
+        real_mark = job.mark_run
+        monkeypatch.setattr(job, "mark_run", lambda folder: (written.update(write_meanwhile(out)), real_mark(folder)))
+    else:
+        real_flock = rundir.fcntl.flock
+        monkeypatch.setattr(rundir.fcntl, "flock", lambda fd, how: (written.update(write_meanwhile(out)),
+                                                                     real_flock(fd, how))[1])
+    before = tree(out)
+    assert cli.main(["train", "--data", str(text), "--out", str(out), *TINY_TRAIN]) == 2
+    assert "fewer than one window needs (65)" in capsys.readouterr().err
+    assert written and tree(out) == {**before, **written, "run": None}
+
+
+def test_a_refused_run_through_a_linked_out_leaves_the_link_and_its_folder_as_they_were(tmp_path, capsys):
+    text = tmp_path / "short.txt"
+    text.write_text("a text too short for one window\n")
+    (tmp_path / "target").mkdir()
+    (tmp_path / "target" / "kept.txt").write_text("kept\n")
+    (tmp_path / "link").symlink_to(tmp_path / "target", target_is_directory=True)
+    before = tree(tmp_path / "target")
+    assert cli.main(["train", "--data", str(text), "--out", str(tmp_path / "link"), *TINY_TRAIN]) == 2
+    assert "fewer than one window needs (65)" in capsys.readouterr().err
+    assert (tmp_path / "link").is_symlink() and tree(tmp_path / "target") == before
+
+
+def test_a_refused_resume_leaves_the_run_it_was_to_continue_whole(tmp_path, capsys):
+    # a run trained on a long text, resumed on one too short for a window: refused after the new text is tokenized
+    # into the run's cache/; the run's own files, its cache and its checkpoints must all stay
+    long_text, short_text = tmp_path / "long.txt", tmp_path / "short.txt"
+    long_text.write_text("the cat sat on the mat and the dog ran after it. " * 40)
+    short_text.write_text("the cat sat on the mat.")
+    out = tmp_path / "run"
+    assert cli.main(["train", "--data", str(long_text), "--out", str(out), *TINY_TRAIN]) == 0
+    capsys.readouterr()
+    before = tree(out)
+    assert (out / "cache").is_dir() and len(before) > 10, sorted(before)
+    assert cli.main(["train", "--data", str(short_text), "--out", str(out), "--resume", "--max-steps", "4",
+                     "--no-progress"]) == 2
+    assert "fewer than one window needs (65)" in capsys.readouterr().err
+    lock = "run/.lock"  # says which process held the run last: rewritten by each claim
+    assert {**tree(out), lock: None} == {**before, lock: None}
+
+
 @pytest.mark.parametrize(("content", "message"), [
     ("", "{path} holds no text (it is empty): give --data a file with the text to score"),
     (" \n\t\r\n", "{path} holds no text (only white space): give --data a file with the text to score"),

@@ -63,7 +63,7 @@ from attnkit.train.finetune import (
     target_config,
 )
 from attnkit.train.memory import check_fits
-from attnkit.train.rundir import claim, existing_run, move_aside, release
+from attnkit.train.rundir import CACHE_DIR, claim, existing_run, move_aside, release
 from attnkit.train.state import (
     BEST_DIR,
     CHECKPOINTS_DIR,
@@ -669,7 +669,7 @@ def _make_task(
     parallel = parallel or SingleProcess()
     task, labels = data.spec.make(TaskContext(
         data=data, tokenizer=tokenizer, config=config, batch_size=settings.batch_size, seed=settings.seed,
-        seq_len=data.seq_len or config.max_seq_len, cache=out / "cache", files=lm_files, translate=translate,
+        seq_len=data.seq_len or config.max_seq_len, cache=out / CACHE_DIR, files=lm_files, translate=translate,
         progress=progress, labels=tuple(labels) if labels is not None else None, record=record,
         chat_template=chat_template, on_rank_0=partial(_made_on_rank_0, parallel), reference=reference,
     ))

@@ -17,8 +17,9 @@ end of `Trainer.fit`) gives it up.
 The old run stays inside `out`: nothing is written outside the directory the user named, and a rename within one
 file system is atomic and instant whatever the run's size. `cache/` (tokenized data) is shared, never moved.
 A run refused before it trains (`release(out, refused=True)`: a bad option, data or config found after the claim)
-leaves `out` as it found it: what the claim and the refused run made there (the lock, the marker, `cache/` or new
-files in it) is removed, and so are `out` and the parents the claim created.
+leaves `out` as it found it: what the claim and the refused run made there is removed (the lock, the marker, a run's
+own names, `cache/` or new files in it: `RUN_NAMES`), and so are `out` and the parents the claim created once
+empty. Anything else that appeared meanwhile (another program writing into the same folder) is kept.
 Locks rely on flock(2): local file systems and NFS (Linux emulates flock with byte-range locks there).
 """
 
@@ -63,6 +64,7 @@ DERIVED = ("average-last-*", "averaged.json", "eval", "viz", "tensorboard", "hf_
 # writes into a run after training (average, eval, viz, convert): replaced with the run, never left stale
 
 CACHE_DIR = "cache"  # tokenized data, kept across runs in one directory (`data.cache`)
+RUN_NAMES = frozenset({LOCK_FILE, RUN_MARKER, CACHE_DIR, *RUN_FILES})  # what a refused run may have made in `out`
 
 
 @dataclass(frozen=True)
@@ -96,10 +98,9 @@ def claim(out: str | Path) -> None:
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file; a run is a directory: choose another --out")
     check_own_folders(out)
-    created = next((folder for folder in reversed((out, *out.parents)) if not folder.exists()), None)
-    new_lock = not (out / LOCK_FILE).exists()
     try:
-        out.mkdir(parents=True, exist_ok=True)
+        created = _make_folders(out)
+        new_lock = not (out / LOCK_FILE).exists()
         fd = os.open(out / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)  # never through a link
     except OSError as err:
         raise ConfigError(os_error_message(err, out, "creating run directory") + " (or choose another --out)") from None
@@ -116,7 +117,8 @@ def claim(out: str | Path) -> None:
     os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode(),
               0)
     _settle_replaced(out)  # before the names are taken: a run put back is one the claim found
-    before = frozenset() if created is not None else _names(out) - ({LOCK_FILE} if new_lock else set())
+    before = _names(out) - ({LOCK_FILE} if new_lock else set())  # listed even in a folder made here: another
+    # program may have written into it since
     _held[key] = _Claim(fd, created, before)
 
 
@@ -144,7 +146,8 @@ def release(out: str | Path, *, refused: bool = False) -> None:
         made = _names(out) - held.before
         if refused:
             for name in made:
-                _remove(out / name)
+                if name.split("/", 1)[0] in RUN_NAMES:  # only the lock holder writes cache/: all new there is ours
+                    _remove(out / name)
         elif held.created is not None and made <= {LOCK_FILE, RUN_MARKER}:
             (out / RUN_MARKER).unlink(missing_ok=True)
             (out / LOCK_FILE).unlink()
@@ -152,6 +155,23 @@ def release(out: str | Path, *, refused: bool = False) -> None:
             _remove_empty(out, up_to=held.created)
     finally:
         os.close(held.fd)
+
+
+def _make_folders(out: Path) -> Path | None:
+    """Make `out` and its missing parents one at a time; the first this call made (None: `out` existed). A folder
+    that another process makes meanwhile is not counted as made here."""
+    missing = [folder for folder in (out, *out.parents) if not folder.exists()]
+    created = None
+    for folder in reversed(missing):
+        try:
+            folder.mkdir()
+        except FileExistsError:
+            if not folder.is_dir():
+                raise
+            created = None  # someone else's: what it holds is not ours to remove
+        else:
+            created = created or folder
+    return created
 
 
 def _names(out: Path) -> frozenset[str]:
