@@ -47,7 +47,8 @@ else
     py=python3
     if [ -d .whl ]; then
         python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-            .whl/*.whl || { echo "installing .whl/ failed"; exit 1; }
+            .whl/*.whl || { echo "installing .whl/ failed (pip says why above): make it again with"\
+                              "bash benchmarks/gpu_wheels.sh on the CPU machine and carry it"; exit 1; }
     fi
     export PYTHONPATH="$PWD/src:$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
 fi
