@@ -428,7 +428,8 @@ def test_gguf_refuses_a_reward_run_naming_the_form_that_holds_it(reward_run, tmp
 @pytest.mark.slow  # the ONNX export traces the model: about 10 s on a loaded core
 def test_a_reward_run_exported_to_onnx_scores_any_batch_as_the_run_does(reward_run, tmp_path):
     """The exported graph takes a batch of another size than it was traced on (the reward is gathered at each row's
-    last token, not indexed by a batch size read as a number), and gives the run's rewards."""
+    last token, not indexed by a batch size read as a number), and gives the run's rewards, padded on the right or
+    on the left."""
     onnxruntime = pytest.importorskip("onnxruntime")
     from attnkit import cli, load
 
@@ -442,6 +443,11 @@ def test_a_reward_run_exported_to_onnx_scores_any_batch_as_the_run_does(reward_r
         ids[i, : len(row)], mask[i, : len(row)] = torch.tensor(row), 1
     session = onnxruntime.InferenceSession(str(tmp_path / "onnx" / "model.onnx"))
     logits = session.run(["logits"], {"input_ids": ids.numpy(), "attention_mask": mask.numpy()})[0]
+    assert logits[:, 0].tolist() == pytest.approx(pipeline.reward(texts), abs=1e-4)
+    shifts = (1 - mask).sum(dim=1).tolist()  # each row's padding, moved to its left
+    left = {name: torch.stack([row.roll(shift) for row, shift in zip(rows, shifts, strict=True)]).numpy()
+            for name, rows in (("input_ids", ids), ("attention_mask", mask))}
+    logits = session.run(["logits"], left)[0]
     assert logits[:, 0].tolist() == pytest.approx(pipeline.reward(texts), abs=1e-4)
 
 
