@@ -332,8 +332,8 @@ def nothing_written_in_root(monkeypatch):
     """Fail, rather than write, where a command would create a file or folder directly under `/`."""
     real_open, real_mkdir = os.open, os.mkdir
 
-    def in_root(path) -> bool:
-        return os.path.dirname(os.path.abspath(os.fsdecode(path))) == os.sep
+    def in_root(path) -> bool:  # through links too: a link to / names the root as well
+        return os.path.dirname(os.path.realpath(os.fsdecode(path))) == os.sep
 
     def guarded_open(path, flags, *args, **kwargs):
         assert not (flags & os.O_CREAT and in_root(path)), f"a file was about to be made in /: {path}"
@@ -347,17 +347,29 @@ def nothing_written_in_root(monkeypatch):
     monkeypatch.setattr(os, "mkdir", guarded_mkdir)
 
 
-@pytest.mark.parametrize("command", ["train", "viz", "inspect"])
+@pytest.mark.parametrize("command", ["train", "viz", "inspect", "eval"])
 def test_the_file_system_root_as_out_is_refused_in_one_line(tmp_path, capsys, nothing_written_in_root, command):
-    # a run, a page of pictures or a report spread among the system's folders (as root, nothing stopped it), or a
-    # traceback where no name for the output's temporary sibling could be made from "/"
+    # a run, a page of pictures, a report or eval.json spread among the system's folders (as root, nothing stopped
+    # it), or a traceback where no name for the output's temporary sibling could be made from "/"
     runs = tiny_runs(tmp_path)
+    (tmp_path / "text.txt").write_text("the cat sat on the mat\n")
     argv = {"train": ["train", "--data", "synthetic:copy", *TINY_TRAIN],
             "viz": ["viz", str(runs["lm"]), "--text", "the cat"],
-            "inspect": ["inspect", str(runs["lm"]), "--text", "the cat sat"]}[command]
+            "inspect": ["inspect", str(runs["lm"]), "--text", "the cat sat"],
+            "eval": ["eval", str(runs["lm"]), "--data", str(tmp_path / "text.txt")]}[command]
     assert cli.main([*argv, "--out", "/"]) == 2
     err = capsys.readouterr().err
     assert err == "attnkit: error: --out / is the file system's root: give a folder of the output's own\n"
+
+
+@pytest.mark.parametrize("spelling", ["//", "/.", "up to the root", "a link to /"])
+def test_the_file_system_root_is_refused_however_it_is_spelled(tmp_path, capsys, nothing_written_in_root, spelling):
+    out = {"up to the root": str(tmp_path) + "/.." * len(tmp_path.parts), "a link to /": str(tmp_path / "root")}
+    out = out.get(spelling, spelling)
+    (tmp_path / "root").symlink_to(os.sep, target_is_directory=True)
+    assert cli.main(["train", "--data", "synthetic:copy", *TINY_TRAIN, "--out", out]) == 2
+    assert capsys.readouterr().err == f"attnkit: error: --out {out} is the file system's root: give a folder of the " \
+                                      "output's own\n"
 
 
 def test_an_empty_out_is_refused_not_read_as_the_current_folder(tmp_path, monkeypatch, capsys):

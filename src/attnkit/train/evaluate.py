@@ -42,6 +42,7 @@ from attnkit.config import check_types
 from attnkit.errors import ConfigError, InputError
 from attnkit.machine import pick_device
 from attnkit.options import fields_of, one_flag
+from attnkit.outputs import refuse_root
 from attnkit.tasks import EvalContext, EvalReport, TaskSpec, own_options, task_names, task_of_run, tasks, unread_options
 from attnkit.textfiles import EncodingErrors
 from attnkit.tokenize import Tokenizer, load_tokenizer
@@ -171,7 +172,8 @@ def evaluate_run(
         not given are the run's training values, else their defaults.
     load_hf: reads a Hugging Face directory (`attnkit.interop.hf.load`; the CLI passes it), for a run fine-tuned
         from one whose task scores against the weights it started from (dpo's reference).
-    Raises InputError / ConfigError / CheckpointError naming what is wrong and how to fix it.
+    Raises InputError / ConfigError / CheckpointError naming what is wrong and how to fix it (InputError where
+    `out_dir` is the file system's root).
     """
     run_dir = Path(run_dir)
     settings = settings or EvalSettings(run=str(run_dir), data=tuple(map(str, data)), **options)
@@ -188,6 +190,7 @@ def evaluate_run(
         raise ConfigError(f"evaluating a {spec.name} run needs translate= (the CLI passes the loaded pipeline's)")
     tokenizer = _run_tokenizer(run_dir)
     out_dir = Path(out_dir) if out_dir is not None else run_dir / "eval"
+    refuse_root(out_dir)  # before the scoring: eval.json and the pictures would land among the system's folders
     if spec.decodes:  # translated through `translate`; the model checks the files (their direction)
         model = model if model is not None else load_model(run_dir, device=device)[0]
     else:
