@@ -116,7 +116,7 @@ def test_one_seed_gives_both_continuations(run, tmp_path):
     assert again["rows"][0]["unsteered"] != report["rows"][0]["unsteered"]  # the seed decides the draw
 
 
-def test_the_cli_runs_it(run, tmp_path, capsys):
+def test_the_cli_prints_the_three_files_it_writes(run, tmp_path, capsys):
     assert main(["inspect", str(run), "steer", "--text", "abc", "--steer", "ggg", "aaa", "--layer", "0",
                  "--coeff", "3", "--tokens", "5", "--out", str(tmp_path)]) == 0
     assert capsys.readouterr().out.split() == [str(tmp_path / f"steer.{s}") for s in ("json", "md", "png")]

@@ -151,7 +151,7 @@ def test_the_contrast_vector_is_the_difference_of_the_points_activations():
                                read[0].mean(0) - trace(model, negative[None, :2], names=[point])[point][0].mean(0))
 
 
-def test_probe_and_feature_directions():
+def test_a_probe_direction_is_its_unit_row_difference_and_a_feature_direction_its_decoder_row():
     probe = nn.Linear(16, 3)
     direction = probe_direction(probe, toward=2, against=0)
     expected = (probe.weight[2] - probe.weight[0]).detach()

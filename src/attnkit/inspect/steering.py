@@ -43,7 +43,8 @@ from attnkit.models.stack import TransformerStack
 
 class Steer:
     """An edit adding `coeff * vector` from position `start` on (module docstring); `positions` (B, T) or (1, T) are
-    the current call's token positions (`steering` sets them as the stack embeds them; None: 0 .. T - 1)."""
+    the current call's token positions (`steering` sets them as the stack embeds them; None: 0 .. T - 1). Raises
+    InputError for a vector that is not a float (C,) or (n, C), a coeff that is not finite, or a start below 0."""
 
     def __init__(self, vector: Tensor, *, coeff: float = 1.0, start: int = 0) -> None:
         if not isinstance(vector, Tensor) or vector.dim() not in (1, 2) or not vector.is_floating_point():
@@ -79,7 +80,9 @@ def steering(model: nn.Module, point: str, vector: Tensor, *, coeff: float = 1.0
     """While active, every call of `model` (a module or a pipeline's) adds `coeff * vector` at `point` (a
     `blocks.L.*` point of shape (B, T, C): `blocks.L.resid_pre`, `.resid_post`, `.attn.out`, `.mlp.out`) from
     position `start` on, KV-cached decoding included (module docstring). Yields the edit. Raises InputError for a
-    point the model has not, one outside a block, a vector of another width, or a pipeline loaded with `compile`."""
+    point the model has not or one outside a block, blocks run outside a TransformerStack, a vector, coeff or start
+    `Steer` refuses, or a pipeline loaded with `compile`; and, at the model's first call, a vector of another width
+    than the point's."""
     compiled = getattr(getattr(model, "plan", None), "compile", False)
     if compiled:
         raise InputError(f"this pipeline was loaded with compile={compiled!r}: its compiled blocks or decoding step "
