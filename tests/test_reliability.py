@@ -382,43 +382,63 @@ def test_an_empty_out_is_refused_not_read_as_the_current_folder(tmp_path, monkey
 
 UNBLOCK = """
 import os, sys, time
-while True:
+fifo, opened, parent = sys.argv[1], sys.argv[2], os.getppid()
+while os.getppid() == parent:  # the test's process gone (killed): stop too
     try:
-        os.close(os.open(sys.argv[1], os.O_WRONLY | os.O_NONBLOCK))
+        fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
     except OSError:  # ENXIO: no reader, as with the fix
         pass
+    else:  # a reader waits on it: said before the close that lets its read end
+        open(opened, "a").close()
+        os.close(fd)
     time.sleep(0.2)
 """
 
 
-@pytest.fixture
-def unblocked_fifos():
-    """FIFOs made with it are opened for writing and closed every 0.2 s by another process (a reader stuck in native
-    code holds the GIL), so that a reader waiting on one gets an end of file and its test fails, not hangs."""
-    writers = []
+class UnblockedFifos:
+    """FIFOs opened for writing and closed every 0.2 s by another process (a reader stuck in native code holds the
+    GIL), so that a reader waiting on one gets an end of file and its test fails, not hangs; `waited_on` names those a
+    reader opened."""
 
-    def make(path: Path) -> Path:
+    def __init__(self, marks: Path) -> None:
+        self.marks, self.writers = marks, []
+
+    def make(self, path: Path) -> Path:
         os.mkfifo(path)
-        writers.append(subprocess.Popen([sys.executable, "-c", UNBLOCK, str(path)]))
+        mark = self.marks / f"{len(self.writers)}-{path.name}"
+        self.writers.append(subprocess.Popen([sys.executable, "-c", UNBLOCK, str(path), str(mark)]))
         return path
 
-    yield make
-    for writer in writers:
+    def waited_on(self) -> list[str]:
+        return sorted(mark.name for mark in self.marks.iterdir())
+
+
+@pytest.fixture
+def unblocked_fifos(tmp_path_factory):
+    fifos = UnblockedFifos(tmp_path_factory.mktemp("fifo_readers"))
+    yield fifos
+    for writer in fifos.writers:
         writer.kill()
         writer.wait()
 
 
-@pytest.mark.parametrize("checksums", [True, False])
-def test_a_fifo_in_place_of_a_run_file_is_named_not_waited_on(tmp_path, capsys, unblocked_fifos, checksums):
+@pytest.mark.parametrize("place", ["listed in checksums.json", "no checksums.json", "a link to a FIFO"])
+def test_a_fifo_in_place_of_a_run_file_is_named_not_waited_on(tmp_path, capsys, unblocked_fifos, place):
     # a run's model.safetensors swapped for a FIFO (or a link to one): the header count opened it and waited for a
     # writer forever; with checksums.json, the file was called missing
     run = tiny_runs(tmp_path)["lm"]
-    if not checksums:
+    if place != "listed in checksums.json":
         (run / CHECKSUMS_FILE).unlink()
     (run / WEIGHTS_FILE).unlink()
-    unblocked_fifos(run / WEIGHTS_FILE)
+    if place == "a link to a FIFO":
+        (run / WEIGHTS_FILE).symlink_to(unblocked_fifos.make(tmp_path / "fifo"))
+    else:
+        unblocked_fifos.make(run / WEIGHTS_FILE)
     assert cli.main(["generate", str(run), "--prompt", "ab", "--max-new-tokens", "2"]) == 2
-    where = f"where {run / CHECKSUMS_FILE} lists a file" if checksums else "where a safetensors file should be"
+    where = (f"where {run / CHECKSUMS_FILE} lists a file" if place == "listed in checksums.json"
+             else "where a safetensors file should be")
     assert capsys.readouterr().err.startswith(f"attnkit: error: {run / WEIGHTS_FILE} is a FIFO, not a file, {where}")
     with pytest.raises(CheckpointError, match=r"train_state.json is a FIFO, not a file, where a JSON file should be"):
-        checkpoint_module.read_json(unblocked_fifos(run / "train_state.json"))
+        checkpoint_module.read_json(unblocked_fifos.make(run / "train_state.json"))
+    assert unblocked_fifos.waited_on() == []  # named from what stands there, never opened (the message alone would
+    # not tell: a read that the writer's close ended is refused by name as well)
