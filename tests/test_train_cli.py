@@ -114,18 +114,18 @@ def test_a_model_config_that_is_a_directory_says_so(tmp_path, capsys):
     assert f"config file {tmp_path / 'conf'} is a directory, not a regular file" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize(("text", "message"), [
-    ("one line of text\n", "the training split has 15 tokens, fewer than one window needs (25): give more text "
-                           "(--data) or a shorter --seq-len"),
-    ("a line of text\n" * 10, "the validation split has 15 tokens, fewer than one window needs (25): give more "
-                              "text (--data), a shorter --seq-len or a larger --val-fraction"),
+@pytest.mark.parametrize(("text", "split", "fix"), [
+    ("one line of text\n", "training", "give more text (--data) or a shorter --seq-len"),
+    ("a line of text\n" * 10, "validation", "give more text (--data), a shorter --seq-len or a larger --val-fraction"),
 ])
-def test_language_model_data_too_short_for_a_window_names_the_fix_that_helps(tmp_path, capsys, text, message):
+def test_language_model_data_too_short_for_a_window_names_the_file_and_the_fix_that_helps(tmp_path, capsys, text,
+                                                                                          split, fix):
     data = tmp_path / "text.txt"
     data.write_text(text, encoding="utf-8")
     argv = ["train", "--data", str(data), "--tokenizer", "char", "--out", str(tmp_path / "run"), *TINY]
     assert cli.main(argv) == 2
-    assert message in capsys.readouterr().err
+    expected = f"the {split} split of {data} has 15 tokens, fewer than one window needs (25): {fix}"
+    assert expected in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("task", ["lm", "mlm"])

@@ -151,7 +151,7 @@ class InspectSettings:
     (default the paper's 250)"""
     lens: str | None = None  # tuned-lens: read this saved lens (a tuned-lens directory) instead of training one
     steer: tuple[str, ...] = ()  # steer: the contrast pair, POSITIVE NEGATIVE ("Love" "Hate"), as many tokens
-    layer: int | None = None  # steer: the block whose input (blocks.L.resid_pre) is steered (default: the middle one)
+    layer: int | None = None  # steer: the block whose input (blocks.L.resid_pre) is steered (if none, the middle one)
     coeff: float = 4.0  # steer: the steering vector's coefficient (negative: toward NEGATIVE)
     tokens: int = 40  # steer: new tokens per continuation
     temperature: float = 1.0  # steer: sampling temperature of both continuations (0: greedy)
