@@ -7,6 +7,7 @@ import pytest
 
 from attnkit import ConfigError, ModelConfig, build_model, count_parameters, presets
 from attnkit.checkpoint import load_config
+from attnkit.version import installed_version
 
 
 @pytest.mark.parametrize(
@@ -151,6 +152,26 @@ def test_a_config_json_written_before_the_window_checks_still_loads_as_the_model
         assert any(name in record.message for record in caplog.records for name in old)
         with pytest.raises(ConfigError):
             ModelConfig(**{**written, **old})
+
+
+@pytest.mark.parametrize(("change", "named"), [
+    ({"format_version": 2}, "names the field format_version, unknown to this attnkit"),
+    ({"format_version": 2, "moe_experts": 8}, "names fields format_version, moe_experts, unknown to this attnkit"),
+    ({"family": "state-space"}, "names family='state-space', which this attnkit does not have (it has decoder, "),
+])
+def test_a_config_json_from_a_newer_attnkit_says_so_and_what_to_do(tmp_path, change, named):
+    """A run's config.json with a field or family this attnkit lacks was most likely written by a newer one: the
+    error names the file and what it holds, says so, and says to upgrade (it listed the family's fields, or the
+    families, as if the run were a typo of the user's)."""
+    (tmp_path / "config.json").write_text(json.dumps({**ModelConfig(d_model=32, n_heads=4).to_dict(), **change}))
+    with pytest.raises(ConfigError) as err:
+        load_config(tmp_path)
+    assert str(err.value).startswith(f"{tmp_path / 'config.json'} {named}")
+    assert str(err.value).endswith(f"probably saved by a newer attnkit than this one ({installed_version()}); upgrade "
+                                   f"attnkit (pip install -U attnkit) to load it, or, if {tmp_path / 'config.json'} "
+                                   "was edited by hand, undo the edit")
+    with pytest.raises(ConfigError, match="^unknown config field 'format_version'|^family='state-space' is not a"):
+        ModelConfig.from_dict({**ModelConfig().to_dict(), **change})  # a new config: a mistake of the user's
 
 
 def test_a_new_config_file_with_a_window_that_changes_nothing_is_refused(tmp_path):

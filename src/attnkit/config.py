@@ -47,6 +47,7 @@ from attnkit.errors import ConfigError, nearest
 from attnkit.options import assignments, field_help
 from attnkit.readback import FileFields, parse_json
 from attnkit.textfiles import special_file
+from attnkit.version import installed_version
 
 log = logging.getLogger(__name__)
 
@@ -353,11 +354,12 @@ class ModelConfig(metaclass=_FamilyDispatch):
     def from_json(cls, text_or_path: str | Path, *, saved: bool = False) -> ModelConfig:
         """Read a config from JSON text (a string starting with `{` or `[`) or from a path to a JSON file, checked:
         UTF-8, valid JSON, no key given twice, an object of fields. Raises ConfigError naming the problem. `saved`:
-        a run's config.json, as `from_dict` reads it."""
+        a run's config.json, as `from_dict` reads it; a family or field this attnkit lacks is refused as the mark of
+        a newer attnkit, saying to upgrade."""
         if isinstance(text_or_path, str) and text_or_path.lstrip().startswith(("{", "[")):
-            data = parse_json(text_or_path, "config", fix=CONFIG_FILE_FIX, error=ConfigError)
+            data, source = parse_json(text_or_path, "config", fix=CONFIG_FILE_FIX, error=ConfigError), "the config"
         else:
-            path = Path(text_or_path)
+            path = source = Path(text_or_path)
             try:
                 kind = "a directory" if path.is_dir() else special_file(path)
                 exists = path.is_file()
@@ -370,6 +372,8 @@ class ModelConfig(metaclass=_FamilyDispatch):
             data = FileFields.read(path, fix=CONFIG_FILE_FIX, error=ConfigError).data
         if not isinstance(data, dict):
             raise ConfigError("config JSON must be an object of field: value")
+        if saved:
+            _refuse_newer(data, str(source))
         return cls.from_dict(data, saved=saved)
 
     def replace(self, **changes: Any) -> ModelConfig:
@@ -463,6 +467,22 @@ def _windows_read_back(data: dict[str, Any]) -> dict[str, Any]:
         log.warning("global_every=%d is more than every stack's layers, so no layer attends globally: read as 0", every)
         out["global_every"] = 0
     return out
+
+
+def _refuse_newer(data: dict[str, Any], source: str) -> None:
+    """ConfigError for a saved config (`source`) with a family or fields that no family of this attnkit has: one a
+    newer attnkit wrote, which this one cannot build; the message says so and what to do."""
+    family = data.get("family", "decoder")
+    unknown = sorted(set(data) - model_field_names() - set(RENAMED_FIELDS))
+    if isinstance(family, str) and family not in ModelConfig._CLASSES:
+        what = f"family={family!r}, which this attnkit does not have (it has {', '.join(family_names())})"
+    elif unknown:
+        what = f"{'fields' if len(unknown) > 1 else 'the field'} {', '.join(unknown)}, unknown to this attnkit"
+    else:
+        return
+    raise ConfigError(f"{source} names {what}: the run was probably saved by a newer attnkit than this one "
+                      f"({installed_version()}); upgrade attnkit (pip install -U attnkit) to load it, or, if {source} "
+                      "was edited by hand, undo the edit")
 
 
 def _current_names(fields: dict[str, Any]) -> dict[str, Any]:
