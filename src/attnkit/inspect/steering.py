@@ -93,7 +93,7 @@ def steering(model: nn.Module, point: str, vector: Tensor, *, coeff: float = 1.0
     edit = Steer(vector, coeff=coeff, start=start)
 
     def locate(module: nn.Module, args: tuple) -> None:  # the call's token positions, (B, T) or (1, T)
-        edit.positions = args[1]
+        edit.positions = args[1]  # TransformerStack calls embeddings(input_ids, position_ids, token_type_ids)
 
     with ExitStack() as stack:
         stack.callback(embeddings.register_forward_pre_hook(locate).remove)
