@@ -344,10 +344,10 @@ if BUDGET == "full":  # the text below: the best add-alpha table (4-gram, alpha 
 # GPT where it stopped: nanoGPT reports about 1.88 for this shape after 2,000 steps, attnkit's `shakespeare-char`
 # recipe (the same shape without biases) 1.907 on every validation token, and on a two-core EPYC busy with other
 # work the ten-minute limit stopped this notebook at 1,553 steps (1.959) in one run and 1,491 (2.002) in another
-# (the line above gives your run's): at this size and training time, counting is a strong baseline. What no table
-# can do is grow its context: a 4-gram table over 65 characters has $65^4$ (18 million) cells, a 64-gram would have
-# more than there are atoms, while the GPT reads 64 characters with 0.8 million parameters and is still learning
-# when it stops.
+# (two runs no results file keeps; the line above gives your run's): at this size and training time, counting is a
+# strong baseline. What no table can do is grow its context: a 4-gram table over 65 characters has $65^4$ (18
+# million) cells, a 64-gram would have more than there are atoms, while the GPT reads 64 characters with 0.8 million
+# parameters and is still learning when it stops.
 # With tutorial 7's Llama-style block and the same budget, attnkit's `shakespeare-char-plus` recipe reaches 1.665
 # ([recipes](../../recipes/)), ahead of every add-$\alpha$ table but still behind the Kneser-Ney 5-gram.
 
