@@ -19,7 +19,7 @@ from attnkit.config import ModelConfig
 from attnkit.data.preferences import PreferenceRows, TokenizedPair, read_pairs
 from attnkit.errors import ConfigError, InputError
 from attnkit.tasks.best_of import best_of_n
-from attnkit.tasks.reward import RewardOptions, RewardTask, batch_rewards, ranking_loss, whole_sequences
+from attnkit.tasks.reward import Reward, RewardOptions, RewardTask, batch_rewards, ranking_loss, whole_sequences
 
 PAD = 0
 
@@ -191,7 +191,7 @@ class Scripted:
         return taken
 
     def reward(self, prompt, replies):
-        return [self.scores[r] for r in replies]
+        return [Reward(self.scores[r]) for r in replies]
 
 
 def test_best_of_n_keeps_the_highest_reward_and_the_first_of_equal_ones():
@@ -283,9 +283,9 @@ def test_a_reward_run_learns_to_rank_held_out_pairs_and_eval_reproduces_its_last
         assert scored[name] == pytest.approx(evaluations[-1][name], rel=1e-4, abs=1e-6), name
     pair = read_pairs(base / "val.jsonl")[0]
     chosen, rejected = load(reward_run).reward(pair.prompt, [pair.chosen, pair.rejected])
-    assert chosen > rejected
+    assert chosen.reward > rejected.reward and not chosen.truncated and not rejected.truncated
     whole = load(reward_run).reward([pair.prompt + pair.chosen, pair.prompt + pair.rejected])  # characters: the same
-    assert whole == pytest.approx([chosen, rejected], abs=1e-5)
+    assert [r.reward for r in whole] == pytest.approx([chosen.reward, rejected.reward], abs=1e-5)
     with pytest.raises(InputError, match="give one prompt"):
         load(reward_run).reward(["a", "b"], ["c", "d", "e"])
 
@@ -307,7 +307,7 @@ def test_reward_scores_a_reply_as_training_reads_it_in_both_layouts(reward_run, 
                          tokenizer=pipeline.tokenizer, seq_len=pipeline.config.max_seq_len, batch_size=1)
     with torch.no_grad():
         trained = batch_rewards(pipeline.model, next(iter(data.eval_batches())))[0].tolist()  # (2,)
-    assert pipeline.reward(prompt, replies) == pytest.approx(trained, abs=1e-5)
+    assert [r.reward for r in pipeline.reward(prompt, replies)] == pytest.approx(trained, abs=1e-5)
 
 
 def test_best_of_n_from_the_command_line_prints_the_top_candidate_the_same_under_a_seed(base, reward_run, capsys):
@@ -319,7 +319,8 @@ def test_best_of_n_from_the_command_line_prints_the_top_candidate_the_same_under
     found = json.loads(capsys.readouterr().out)
     assert len(found["texts"]) == 4 and found["best"] == max(range(4), key=lambda i: found["rewards"][i])
     assert found["text"] == found["texts"][found["best"]]
-    assert found["rewards"] == pytest.approx(load(reward_run).reward("def ", found["texts"]), abs=1e-5)
+    scored = load(reward_run).reward("def ", found["texts"])
+    assert found["rewards"] == pytest.approx([r.reward for r in scored], abs=1e-5)
     assert found["texts"] == load(base / "base").generate("def ", max_new_tokens=8, seed=3, num_samples=4)
     assert cli.main(args) == 0
     assert capsys.readouterr().out == "def " + found["text"] + "\n"
@@ -374,15 +375,16 @@ def test_a_reward_model_needs_a_decoder_to_start_from(base, tmp_path, capsys):
 
 
 
-def test_a_reward_run_is_served_at_v1_reward_each_text_scored_whole(base, reward_run):
-    """`attnkit serve` answers POST /v1/reward with each text's reward, as `reward(texts)` gives it, refuses an empty
-    text, no text or a chat in OpenAI's error shape, and offers no completions (a reward model writes nothing)."""
+def test_a_reward_run_is_served_at_v1_reward_each_text_scored_whole_or_said_truncated(base, reward_run):
+    """`attnkit serve` answers POST /v1/reward with each text's reward and whether it was truncated, as `reward(texts)`
+    gives them (an over-long text is said `truncated`, as /v1/classify says it), refuses an empty text, no text or a
+    chat in OpenAI's error shape, and offers no completions (a reward model writes nothing)."""
     from fastapi.testclient import TestClient
 
     from attnkit import load
     from attnkit.serve import ServeSettings, build_app
 
-    texts = ["import os\nHELLO WORLD", "import os\nhello world"]
+    texts = ["import os\nHELLO WORLD", "import os\nhello world", "HELLO " * load(reward_run).config.max_seq_len]
     with TestClient(build_app(ServeSettings(run=str(reward_run)))) as client:
         answer = client.post("/v1/reward", json={"input": texts})
         assert answer.status_code == 200, answer.text
@@ -393,7 +395,23 @@ def test_a_reward_run_is_served_at_v1_reward_each_text_scored_whole(base, reward
             assert 400 <= refused.status_code < 500 and said in refused.json()["error"]["message"], refused.text
             assert refused.json()["error"]["type"] == "invalid_request_error"
     found = [row["result"] for row in answer.json()["data"]]
-    assert found == pytest.approx(load(reward_run).reward(texts), abs=1e-5)
+    expected = load(reward_run).reward(texts)
+    assert [row["truncated"] for row in found] == [False, False, True] == [r.truncated for r in expected]
+    assert [row["reward"] for row in found] == pytest.approx([r.reward for r in expected], abs=1e-5)
+
+
+def test_an_over_long_text_is_scored_on_its_first_window_and_said_truncated(reward_run, caplog):
+    """A text longer than the model's window is scored on its first max_seq_len tokens: two texts alike there but
+    not after score alike, each `truncated`, with a warning naming the fix; a text that fits is not truncated."""
+    from attnkit import load
+
+    pipeline = load(reward_run)
+    head = "HELLO " * pipeline.config.max_seq_len  # a character tokenizer: a token a character, past the window
+    with caplog.at_level("WARNING", logger="attnkit.tasks.reward"):
+        short, long, longer = pipeline.reward(["HELLO", head, head + "world"])
+    assert (short.truncated, long.truncated, longer.truncated) == (False, True, True)
+    assert long.reward == pytest.approx(longer.reward, abs=1e-6) and short.reward != pytest.approx(long.reward)
+    assert "2 text(s) hold more than" in caplog.text and "shorten them to score them whole" in caplog.text
 
 
 def test_best_of_n_over_a_chat_samples_its_replies_and_scores_them_as_the_assistants_turn(base, reward_run, capsys):
@@ -441,14 +459,15 @@ def test_a_reward_run_exported_to_onnx_scores_any_batch_as_the_run_does(reward_r
     mask = torch.zeros_like(ids)
     for i, row in enumerate(rows):
         ids[i, : len(row)], mask[i, : len(row)] = torch.tensor(row), 1
+    rewards = [r.reward for r in pipeline.reward(texts)]
     session = onnxruntime.InferenceSession(str(tmp_path / "onnx" / "model.onnx"))
     logits = session.run(["logits"], {"input_ids": ids.numpy(), "attention_mask": mask.numpy()})[0]
-    assert logits[:, 0].tolist() == pytest.approx(pipeline.reward(texts), abs=1e-4)
+    assert logits[:, 0].tolist() == pytest.approx(rewards, abs=1e-4)
     shifts = (1 - mask).sum(dim=1).tolist()  # each row's padding, moved to its left
     left = {name: torch.stack([row.roll(shift) for row, shift in zip(rows, shifts, strict=True)]).numpy()
             for name, rows in (("input_ids", ids), ("attention_mask", mask))}
     logits = session.run(["logits"], left)[0]
-    assert logits[:, 0].tolist() == pytest.approx(pipeline.reward(texts), abs=1e-4)
+    assert logits[:, 0].tolist() == pytest.approx(rewards, abs=1e-4)
 
 
 def test_a_reward_run_records_its_pairs_layout_and_warns_when_asked_to_score_the_other(reward_run, caplog):

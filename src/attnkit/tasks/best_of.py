@@ -74,7 +74,7 @@ def best_of_n(policy: Any, reward: Any, prompts: str | Sequence[str] | list[dict
     found = []
     for prompt in prompts:
         candidates = samples(policy, prompt, n=n, seed=seed, options=options)
-        rewards = score(prompt, candidates)
+        rewards = [scored.reward for scored in score(prompt, candidates)]
         best = max(range(n), key=lambda i: (rewards[i], -i))  # the highest; the first of equal ones
         found.append(BestOfN(prompt, candidates, rewards, best))
         log.info("best of %d: candidate %d, reward %.4g (rewards %s)", n, best + 1, rewards[best],

@@ -15,8 +15,8 @@ trained on preference pairs to score the chosen response above the rejected.
              r_rejected), mean_reward; every step, and on the held-out pairs at each evaluation with val_loss
 
 A run starts from a decoder (`--init-from` an lm, chat or dpo run, or a converted Llama or GPT-2): its body is copied,
-the head starts fresh. It serves `reward` (`attnkit.load(run).reward(prompts, replies)`), which best-of-N sampling
-reads (`attnkit.generate.best_of`). PPO, the other half of RLHF, is not implemented.
+the head starts fresh. It serves `reward` (`attnkit.load(run).reward(prompts, replies)`, a `Reward` each), which
+best-of-N sampling reads (`attnkit.generate.best_of_n`). PPO, the other half of RLHF, is not implemented.
 """
 
 from __future__ import annotations
@@ -148,6 +148,15 @@ class RewardTask(EpochTask):
         return reward_scores(model, self.val, self.options)
 
 
+@dataclass(frozen=True)
+class Reward:
+    """One text's reward (`reward`); `truncated`: the text held more tokens than the model's window, and its reward
+    was read at the last token of its first max_seq_len (as `Classification.truncated` says for a classifier)."""
+
+    reward: float
+    truncated: bool = False
+
+
 def rows_of_pairs(pairs: list, *, template: Any, tokenizer: Any, seq_len: int, batch_size: int, seed: int = 0,
                   longer: str | None = "a longer --seq-len") -> PreferenceRows:
     """`preference_rows` for a model that reads whole sequences (`whole_sequences` adds each row's last token back):
@@ -190,13 +199,14 @@ def _report(ctx: EvalContext) -> EvalReport:
 
 @torch.inference_mode()
 def reward(pipeline: Any, texts: str | Sequence[str], replies: str | Sequence[str] | None = None, *,
-           batch_size: int = 16) -> list[float]:
+           batch_size: int = 16) -> list[Reward]:
     """The reward of each reply to its prompt, `texts` the prompts (one given once applies to every reply); without
     `replies`, of each text whole (`attnkit serve`'s POST /v1/reward). A prompt is plain text, read as the pairs'
     text is (`text_tokens`: the prompt's tokens, the reply's, EOS), or a chat, a list of messages, its reply the
-    assistant's turn after them, rendered by the run's chat template as chat pairs are (`conversation_ids`). Each
-    sequence is cut to the model's window (with a warning). Raises InputError for no text, as many prompts as
-    replies wanted otherwise, an empty prompt or text, or messages not laid out as a chat's."""
+    assistant's turn after them, rendered by the run's chat template as chat pairs are (`conversation_ids`). A
+    sequence longer than the model's window is scored on its first max_seq_len tokens and its `Reward` says
+    `truncated` (with a warning logged). Raises InputError for no text, as many prompts as replies wanted otherwise,
+    an empty prompt or text, or messages not laid out as a chat's."""
     one = isinstance(texts, str) or is_chat(texts)
     if not one and (not isinstance(texts, list | tuple) or not texts):
         raise InputError(f"reward() reads a text, a chat, or a non-empty list of them; got {texts!r:.60}")
@@ -232,7 +242,8 @@ def reward(pipeline: Any, texts: str | Sequence[str], replies: str | Sequence[st
     cut = sum(len(ids) > window for ids in sequences)
     if cut:
         log.warning("%d text(s) hold more than the model's %d tokens (a prompt with its reply) and are scored on "
-                    "their first %d", cut, window, window)
+                    "their first %d (each result says truncated): shorten them to score them whole", cut, window,
+                    window)
     found = []
     for start in range(0, len(sequences), batch_size):
         chunk = [ids[:window] for ids in sequences[start:start + batch_size]]
@@ -243,7 +254,7 @@ def reward(pipeline: Any, texts: str | Sequence[str], replies: str | Sequence[st
         mask = torch.arange(width) < torch.tensor([len(t) for t in chunk])[:, None]  # (B, T) right-padded
         found += pipeline.model(ids.to(pipeline.device), attention_mask=mask.to(pipeline.device)
                                 ).logits[:, 0].float().tolist()
-    return found
+    return [Reward(score, len(ids) > window) for score, ids in zip(found, sequences, strict=True)]
 
 
 REWARD = register(TaskSpec(
