@@ -2,6 +2,7 @@
 
 import io
 import json
+import logging
 import re
 import shutil
 from functools import partial
@@ -317,6 +318,25 @@ def test_cli_generate_reads_stdin_and_prints_several_samples(runs, lm, capsys, m
                      "--num-samples", "2", "--seed", "3"]) == 0
     samples = lm.generate("cab", max_new_tokens=6, num_samples=2, seed=3)
     assert capsys.readouterr().out == "".join(f"--- sample {i + 1} ---\ncab{s}\n" for i, s in enumerate(samples))
+
+
+@pytest.mark.parametrize(("flags", "refused"), [
+    (["--length-penalty", "nan"], "--length-penalty nan must be a finite number between"),
+    (["--length-penalty", "inf"], "--length-penalty inf must be a finite number between"),
+    (["--max-prompt-bytes", "-1"], "--max-prompt-bytes -1 must be a positive number of bytes"),
+    (["--max-prompt-bytes", "10"], None),
+])
+def test_cli_generate_checks_a_flag_that_this_prompt_does_not_read(runs, capsys, caplog, flags, refused):
+    # without beams nothing reads --length-penalty, nor --max-prompt-bytes without --prompt -: a value out of range
+    # is refused all the same (it was taken in silence, nan with a note that it was ignored), one in range is said
+    # to be ignored
+    with caplog.at_level(logging.WARNING, logger="attnkit"):
+        code = cli.main(["generate", str(runs["lm"]), "--prompt", "ab", "--max-new-tokens", "2", *flags])
+    err = capsys.readouterr().err
+    if refused is not None:
+        assert code == 2 and err.startswith(f"attnkit: error: {refused}") and err.count("\n") == 1, err
+    else:
+        assert code == 0 and "ignored: --max-prompt-bytes 10 bounds the prompt --prompt - reads" in caplog.text
 
 
 def test_min_p_penalties_no_repeat_ngrams_and_min_new_tokens_reach_generate_and_its_command(runs, lm, capsys):

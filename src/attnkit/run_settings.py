@@ -277,11 +277,16 @@ def refuse_beside(what: str, table: Mapping[str, Callable[[Any], bool]], options
         raise InputError(f"{what} does not take {', '.join(names)}: {why}")
 
 
+def check_prompt_bytes(limit: object) -> None:
+    """InputError unless `limit` (--max-prompt-bytes) is a positive whole number of bytes."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise InputError(f"--max-prompt-bytes {limit!r} must be a positive number of bytes")
+
+
 def read_stdin(limit: int) -> str:
     """Standard input as UTF-8 text, at most `limit` bytes (an InputError naming the first bad byte, a closed
     standard input, or more than `limit` bytes, otherwise: never read without bound)."""
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise InputError(f"--max-prompt-bytes {limit!r} must be a positive number of bytes")
+    check_prompt_bytes(limit)
     if sys.stdin is None or sys.stdin.closed:
         raise InputError("standard input is closed, so --prompt - has nothing to read: give the prompt as --prompt "
                          "TEXT, or pipe it in (... | attnkit generate RUN --prompt -)")

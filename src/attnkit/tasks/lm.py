@@ -69,6 +69,7 @@ from attnkit.run_settings import (
     beams_asked,
     check_beams_fit_context,
     check_draft_fits_context,
+    check_prompt_bytes,
     check_search,
     draft_tokens_flag,
     read_inputs,
@@ -619,12 +620,13 @@ class GenerateSettings(SamplingSettings):
 
 def check_beam_flags(settings: GenerateSettings) -> None:
     """InputError, before the model loads, naming the flags: bad beam settings (`check_search`; a --num-beams
-    wider than the vocabulary is refused once it is known), or flags given beside --num-beams that beam search does
-    not take (`refuse_beside_beams`)."""
-    if not settings.beams:
-        return
+    wider than the vocabulary is refused once it is known), given without beams as well (a --length-penalty nan
+    that no search reads is still a mistake; a valid one is said to be ignored), or flags given beside --num-beams
+    that beam search does not take (`refuse_beside_beams`)."""
     check_search(settings.num_beams, settings.length_penalty, early_stopping=settings.early_stopping,
                  num_return_sequences=settings.num_return_sequences, beam="num_beams", what="prompt", flags=True)
+    if not settings.beams:
+        return
     taken = API_ONLY_BESIDE_BEAMS | (SAMPLED_BEAMS_TAKE if settings.do_sample else frozenset())
     refuse_beside_beams(f"--num-beams {settings.num_beams}", {
         name: getattr(settings, name) for name in NOT_BESIDE_BEAMS if name not in taken}, flags=True)
@@ -812,6 +814,11 @@ def run_generate(settings: GenerateSettings, load: Callable[[Any], Any]) -> int:
                              if name not in API_ONLY_BESIDE_DRAFT}, flags=True)
     if settings.system is not None and not settings.chat:
         raise InputError("--system is a chat's system turn: give --chat too (the prompt is then the user's turn)")
+    check_prompt_bytes(settings.max_prompt_bytes)  # out of range is a mistake, whether or not stdin is read
+    if settings.prompt != "-" and settings.max_prompt_bytes != GenerateSettings.max_prompt_bytes:
+        log.warning("ignored: --max-prompt-bytes %s bounds the prompt --prompt - reads from standard input, and the "
+                    "prompt is given as text; give --prompt - to read it, or leave --max-prompt-bytes out",
+                    settings.max_prompt_bytes)
     prompt = read_stdin(settings.max_prompt_bytes) if settings.prompt == "-" else settings.prompt
     constraint = read_constraint(settings)
     if best_of:
