@@ -33,6 +33,7 @@ from torch import Tensor, nn
 from attnkit.chat_format import chat_template
 from attnkit.checkpoint import TOKENIZER_DIR
 from attnkit.data import IGNORE_INDEX
+from attnkit.data.batching import pad
 from attnkit.data.chat import check_messages, is_chat
 from attnkit.data.preferences import PreferenceBatch, PreferenceRows, preference_rows, read_pairs, text_tokens
 from attnkit.errors import ConfigError, InputError
@@ -206,7 +207,7 @@ def reward(pipeline: Any, texts: str | Sequence[str], replies: str | Sequence[st
     assistant's turn after them, rendered by the run's chat template as chat pairs are (`conversation_ids`). A
     sequence longer than the model's window is scored on its first max_seq_len tokens and its `Reward` says
     `truncated` (with a warning logged). Raises InputError for no text, as many prompts as replies wanted otherwise,
-    an empty prompt or text, or messages not laid out as a chat's."""
+    a prompt neither text nor a chat, an empty prompt or text, or messages not laid out as a chat's."""
     one = isinstance(texts, str) or is_chat(texts)
     if not one and (not isinstance(texts, list | tuple) or not texts):
         raise InputError(f"reward() reads a text, a chat, or a non-empty list of them; got {texts!r:.60}")
@@ -247,13 +248,8 @@ def reward(pipeline: Any, texts: str | Sequence[str], replies: str | Sequence[st
     found = []
     for start in range(0, len(sequences), batch_size):
         chunk = [ids[:window] for ids in sequences[start:start + batch_size]]
-        width = max(map(len, chunk))
-        ids = torch.full((len(chunk), width), pipeline.pad_id, dtype=torch.int64)
-        for row, tokens in enumerate(chunk):
-            ids[row, :len(tokens)] = torch.tensor(tokens)
-        mask = torch.arange(width) < torch.tensor([len(t) for t in chunk])[:, None]  # (B, T) right-padded
-        found += pipeline.model(ids.to(pipeline.device), attention_mask=mask.to(pipeline.device)
-                                ).logits[:, 0].float().tolist()
+        ids, mask = pad(chunk, pipeline.pad_id, device=pipeline.device)  # (B, T) each, right-padded
+        found += pipeline.model(ids, attention_mask=mask).logits[:, 0].float().tolist()  # (B, 1) -> B rewards
     return [Reward(score, len(ids) > window) for score, ids in zip(found, sequences, strict=True)]
 
 
