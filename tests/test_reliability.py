@@ -362,6 +362,20 @@ def test_the_file_system_root_as_out_is_refused_in_one_line(tmp_path, capsys, no
     assert err == "attnkit: error: --out / is the file system's root: give a folder of the output's own\n"
 
 
+@pytest.mark.parametrize("analysis", [[], ["sae", "--point", "blocks.0.resid_post"]])
+def test_inspect_refuses_the_root_before_its_analysis(tmp_path, capsys, monkeypatch, nothing_written_in_root,
+                                                       analysis):
+    # the report was refused only when written, after the analysis (an SAE's training), and an SAE saved out/sae,
+    # /sae for --out /, which no check asked about
+    from attnkit.inspect import command
+
+    monkeypatch.setattr(command, "load_model", lambda *args, **kwargs: pytest.fail("the run was loaded"))
+    argv = ["inspect", str(tiny_runs(tmp_path)["lm"]), *analysis, "--text", "the cat sat", "--out", "/"]
+    assert cli.main(argv) == 2
+    assert capsys.readouterr().err == ("attnkit: error: --out / is the file system's root: give a folder of the "
+                                       "output's own\n")
+
+
 @pytest.mark.parametrize("spelling", ["//", "/.", "up to the root", "a link to /"])
 def test_the_file_system_root_is_refused_however_it_is_spelled(tmp_path, capsys, nothing_written_in_root, spelling):
     out = {"up to the root": str(tmp_path) + "/.." * len(tmp_path.parts), "a link to /": str(tmp_path / "root")}

@@ -86,6 +86,7 @@ from attnkit.inspect.tuned_lens import (
 from attnkit.machine import pick_device
 from attnkit.models.greedy import translation_pair
 from attnkit.models.stack import TransformerStack
+from attnkit.outputs import refuse_root
 from attnkit.tasks.conll import is_conllu, read_tagged
 from attnkit.tasks.reading import Frame, frame_of, text_frame, text_layout
 from attnkit.tasks.registry import task_record
@@ -261,6 +262,7 @@ def _check_inputs(settings: InspectSettings) -> None:
                              "last column is its label): drop --column, or give a .conllu file")
         read_tagged(settings.conll, column=settings.column, encoding_errors=settings.encoding_errors, option="--column")
     out = _out_dir(settings)
+    refuse_root(out)  # before the analysis (an SAE's training), and the folders saved inside out (out/sae)
     if out.exists() and not out.is_dir():
         raise InputError(f"{out} is a file, where the report's directory goes: give --out a directory (it is made "
                          "where missing)")
