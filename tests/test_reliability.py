@@ -362,15 +362,17 @@ def test_the_file_system_root_as_out_is_refused_in_one_line(tmp_path, capsys, no
     assert err == "attnkit: error: --out / is the file system's root: give a folder of the output's own\n"
 
 
-@pytest.mark.parametrize("analysis", [[], ["sae", "--point", "blocks.0.resid_post"]])
-def test_inspect_refuses_the_root_before_its_analysis(tmp_path, capsys, monkeypatch, nothing_written_in_root,
-                                                       analysis):
+@pytest.mark.parametrize("command", [["inspect"], ["inspect", "sae", "--point", "blocks.0.resid_post"], ["viz"]])
+def test_inspect_and_viz_refuse_the_root_before_the_run_loads(tmp_path, capsys, monkeypatch, nothing_written_in_root,
+                                                               command):
     # the report was refused only when written, after the analysis (an SAE's training), and an SAE saved out/sae,
-    # /sae for --out /, which no check asked about
-    from attnkit.inspect import command
+    # /sae for --out /, which no check asked about; viz drew every map first
+    from attnkit.inspect import command as inspect_command
+    from attnkit.viz import run as viz_run
 
-    monkeypatch.setattr(command, "load_model", lambda *args, **kwargs: pytest.fail("the run was loaded"))
-    argv = ["inspect", str(tiny_runs(tmp_path)["lm"]), *analysis, "--text", "the cat sat", "--out", "/"]
+    for module in (inspect_command, viz_run):
+        monkeypatch.setattr(module, "load_model", lambda *args, **kwargs: pytest.fail("the run was loaded"))
+    argv = [command[0], str(tiny_runs(tmp_path)["lm"]), *command[1:], "--text", "the cat sat", "--out", "/"]
     assert cli.main(argv) == 2
     assert capsys.readouterr().err == ("attnkit: error: --out / is the file system's root: give a folder of the "
                                        "output's own\n")

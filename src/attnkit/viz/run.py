@@ -23,7 +23,7 @@ from pathlib import Path
 from attnkit.checkpoint import TASK_FILE, TOKENIZER_DIR, load_model
 from attnkit.errors import ConfigError, InputError
 from attnkit.machine import pick_device
-from attnkit.outputs import files_into
+from attnkit.outputs import files_into, refuse_root
 from attnkit.tasks import TaskSpec, task_record, unread_options
 from attnkit.tasks.reading import frame_of
 from attnkit.tokenize import load_tokenizer
@@ -102,6 +102,8 @@ def run_viz(settings: VizSettings) -> VizResult:
         return result
     if not (run_dir / TOKENIZER_DIR).is_dir():
         raise InputError(f"{run_dir} has no {TOKENIZER_DIR}/ directory, so its text cannot become tokens")
+    out = Path(settings.out) if settings.out else run_dir / "viz"
+    refuse_root(out)  # before the run loads
     model, config = load_model(run_dir, device=pick_device(settings.device))
     tokenizer = load_tokenizer(run_dir / TOKENIZER_DIR)
     result.maps = attention_maps(
@@ -110,7 +112,6 @@ def run_viz(settings: VizSettings) -> VizResult:
         max_length=settings.max_length,  # translation_pair stops where BOS and the translation fill the context
         context=config.max_seq_len, frame=frame_of(task_record(run_dir), run_dir / TASK_FILE),
     )
-    out = Path(settings.out) if settings.out else run_dir / "viz"
     earlier = drawn_before(out)
     with files_into(out) as partial:  # the pictures and the page reach `out` together, after all are drawn
         pngs = write_pngs(result.maps, partial, per_head=settings.per_head)
