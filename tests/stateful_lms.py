@@ -1,6 +1,7 @@
 """Checks every language model with a decoding state of its own (`models.stateful_lm.StatefulLM`: the convolutional
 and feed-forward LMs) must pass: stepping through the state over left-padded rows equals each row alone, greedy
-generation equals recomputation from scratch past the context, the state's reorder follows its rows, a short run
+generation equals recomputation from scratch past the context, the state's reorder follows its rows, a step of
+another batch than the state's is refused, a short run
 learns, bad inputs are clear errors, and the family trains, resumes bit for bit and generates from the command
 line. Where a family declares a receptive field, the model reads exactly that many tokens; its config refuses what
 cannot work, naming the fix."""
@@ -117,6 +118,20 @@ def assert_bad_inputs_are_clear_errors(model, vocab: int) -> None:
         model(torch.tensor([[vocab]]))
     with pytest.raises(InputError, match="padding between real tokens"):
         model(torch.tensor([[1, 2, 3]]), attention_mask=torch.tensor([[1, 0, 1]]))
+
+
+def assert_a_step_of_another_batch_is_refused(model, vocab: int) -> None:
+    """After a prefill of 3 rows, a step of 2 rows, or of 1 (which a running average broadcast over all 3, silently),
+    is an InputError naming the state, both sizes and the fix; the state is left as the prefill left it."""
+    state = model.allocate_cache(3)
+    with torch.no_grad():
+        model(torch.randint(0, vocab, (3, 4)), cache=state)
+        name = type(state).__name__
+        for rows in (2, 1):
+            pattern = rf"^the {name} holds 3 sequences but input_ids holds {rows}; .*batch_size={rows}$"
+            with pytest.raises(InputError, match=pattern):
+                model(torch.zeros(rows, 1, dtype=torch.long), cache=state)
+    assert state.rows == 3 and state.length == 4
 
 
 def assert_the_last_prediction_reads_exactly(model, reach: int, vocab: int) -> None:

@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from stateful_lms import (
     assert_a_short_run_halves_the_loss,
+    assert_a_step_of_another_batch_is_refused,
     assert_bad_inputs_are_clear_errors,
     assert_config_refuses,
     assert_greedy_generation_equals_recomputation,
@@ -26,9 +27,8 @@ from torch import nn
 import attnkit
 from attnkit import cli
 from attnkit.config import ConvLMConfig, ModelConfig
-from attnkit.errors import InputError
 from attnkit.models import build_model
-from attnkit.models.convolutional import ConvLM, ConvState
+from attnkit.models.convolutional import ConvLM
 
 VOCAB = 11
 
@@ -169,10 +169,7 @@ def test_bad_inputs_are_clear_errors():
 
 def test_a_step_of_another_batch_than_the_states_is_refused_naming_both():
     """A state holds its rows' past inputs: a step of 2 rows after a prefill of 3 was torch.cat's size error."""
-    model, state = _model(), ConvState()
-    model(torch.zeros(3, 4, dtype=torch.long), cache=state)
-    with pytest.raises(InputError, match=r"^the ConvState holds 3 sequences but input_ids holds 2; .*batch_size=2$"):
-        model(torch.zeros(2, 1, dtype=torch.long), cache=state)
+    assert_a_step_of_another_batch_is_refused(_model(), VOCAB)
 
 
 @pytest.mark.parametrize(("fields", "words"), [

@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from stateful_lms import (
     assert_a_short_run_halves_the_loss,
+    assert_a_step_of_another_batch_is_refused,
     assert_bad_inputs_are_clear_errors,
     assert_config_refuses,
     assert_greedy_generation_equals_recomputation,
@@ -182,6 +183,13 @@ def test_a_short_training_run_lowers_the_loss(context, pattern):
 
 def test_bad_inputs_are_clear_errors():
     assert_bad_inputs_are_clear_errors(_model("window"), VOCAB)
+
+
+@pytest.mark.parametrize("context", CONTEXTS)
+def test_a_step_of_another_batch_than_the_states_is_refused_naming_both(context):
+    """A window's step of 2 rows after 3 was torch.cat's size error; an average's step of 1 row was broadcast over
+    the 3 rows' sums and returned 3 rows of logits."""
+    assert_a_step_of_another_batch_is_refused(_model(context), VOCAB)
 
 
 @pytest.mark.parametrize(("fields", "words"), [

@@ -3,6 +3,7 @@ the scores' formulas written out in float64), decoding step by step against teac
 
 import pytest
 import torch
+from stateful_lms import assert_a_step_of_another_batch_is_refused
 from torch import nn
 
 from attnkit import presets
@@ -329,6 +330,25 @@ def test_lm_cached_state_and_left_padding(cell):
     both = model(torch.cat((ids[:1], padded)), attention_mask=mask).logits
     torch.testing.assert_close(both[1, 3:], model(ids[1:, :6]).logits[0], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(both[0], full[0], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("cell", CELLS)
+def test_lm_step_of_another_batch_than_the_states_is_refused_naming_both(cell):
+    """A step of 2 rows (or 1) after a prefill of 3 was torch's "Expected hidden size" from inside the layer."""
+    torch.manual_seed(0)
+    model = RecurrentLM(vocab_size=VOCAB, embedding_dim=8, hidden=16, n_layers=2, cell=cell).eval()
+    assert_a_step_of_another_batch_is_refused(model, VOCAB)
+
+
+def test_seq2seq_step_of_another_batch_than_the_states_is_refused_naming_both():
+    """The decoder's state read 3 targets; a step of 2 (with a memory of 2) was torch's size error."""
+    model = _seq2seq()
+    src, mask, tgt = _padded_sources()
+    state = model.allocate_cache(3)
+    model.decode(tgt[:, :1], model.encode(src, src_mask=mask), src_mask=mask, cache=state)
+    memory = model.encode(src[:2], src_mask=mask[:2])
+    with pytest.raises(InputError, match=r"^the RecurrentState holds 3 sequences but tgt_ids holds 2; .*batch_size=2$"):
+        model.decode(tgt[:2, 1:2], memory, src_mask=mask[:2], cache=state)
 
 
 def test_lm_loss_matches_logits_and_ties_embeddings():

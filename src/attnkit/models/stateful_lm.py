@@ -2,7 +2,8 @@
 a body that carries a decoding state of its own, `stack(input_ids, attention_mask=, position_ids=, cache=) ->
 (hidden (B, T, C), state)`, called as a decoder's `TransformerStack` is, then the output layer. Their forward,
 said once, and the padding mask they all take (`check_mask`: real tokens contiguous in each row; the recurrent
-encoder-decoder checks its source and target masks with it too)."""
+encoder-decoder checks its source and target masks with it too), and the check that a step continues the rows its
+state holds (`check_state_rows`)."""
 
 from __future__ import annotations
 
@@ -69,6 +70,17 @@ def step_mask(attention_mask: Tensor | None, input_ids: Tensor) -> Tensor | None
     if attention_mask is not None and attention_mask.shape[1] > length:
         attention_mask = attention_mask[:, -length:]  # (B, S + T) -> (B, T)
     return check_mask(attention_mask, input_ids, "attention_mask")
+
+
+def check_state_rows(state: Any, ids: Tensor, name: str = "input_ids") -> None:
+    """InputError where a decoding state (a `ConvState`, `PrefixState` or `RecurrentState`; None: nothing to check)
+    already holds another number of sequences, its `rows`, than ids (B, T): a step continues the rows its state read,
+    as a KV cache checks its batch. Without it the mismatch was torch's size error from inside a layer, or a step of
+    one row silently broadcast over every row of a running average."""
+    held = None if state is None else state.rows
+    if held is not None and held != ids.shape[0]:
+        raise InputError(f"the {type(state).__name__} holds {held} sequences but {name} holds {ids.shape[0]}; "
+                         f"continue each with its own state, or allocate one with batch_size={ids.shape[0]}")
 
 
 class StatefulLM(nn.Module):

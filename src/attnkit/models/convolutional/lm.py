@@ -22,10 +22,9 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from attnkit.errors import InputError
 from attnkit.layers.embedding import check_token_ids
 from attnkit.models.convolutional.gated import GatedConvBlock
-from attnkit.models.stateful_lm import StatefulLM, step_mask
+from attnkit.models.stateful_lm import StatefulLM, check_state_rows, step_mask
 
 
 class ConvState:
@@ -49,12 +48,11 @@ class ConvState:
         self.inputs[block] = seen[:, :, seen.shape[2] - reach:]  # (B, C, reach)
         return before
 
-    def check_rows(self, rows: int) -> None:
-        """InputError where the state already holds another number of sequences than `rows` (a step's batch)."""
+    @property
+    def rows(self) -> int | None:
+        """The sequences it holds; None while empty."""
         held = next(iter(self.inputs.values()), None)
-        if held is not None and held.shape[0] != rows:
-            raise InputError(f"the ConvState holds {held.shape[0]} sequences but input_ids holds {rows}; continue "
-                             f"each with its own state, or allocate one with batch_size={rows}")
+        return None if held is None else held.shape[0]
 
     def reorder(self, index: Tensor) -> None:
         """Keep batch rows `index` (B',), e.g. the surviving hypotheses of beam search."""
@@ -100,11 +98,11 @@ class ConvLM(StatefulLM):
             padding carry no meaning). A wider mask, (B, S + T) over the tokens already read and these (a KV cache's
             convention), is cut to its last T columns.
         position_ids: accepted for the decoder's call signature and unused: the kernels' taps are relative.
-        cache: the `ConvState` to continue from; updated in place to hold each block's last inputs.
+        cache: the `ConvState` to continue from; updated in place to hold each block's last inputs. One that holds
+            another number of rows than input_ids is an InputError (`check_state_rows`).
         """
         check_token_ids(input_ids, self.vocab_size)
-        if cache is not None:
-            cache.check_rows(input_ids.shape[0])
+        check_state_rows(cache, input_ids)
         mask = step_mask(attention_mask, input_ids)  # bool (B, T), or None: no padding
         hidden = self.body(input_ids, mask, cache)
         if cache is None:

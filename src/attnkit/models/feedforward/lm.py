@@ -32,7 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.layers.embedding import check_token_ids
-from attnkit.models.stateful_lm import StatefulLM, output_projection, step_mask
+from attnkit.models.stateful_lm import StatefulLM, check_state_rows, output_projection, step_mask
 
 Context = Literal["window", "average"]
 ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU}
@@ -50,6 +50,12 @@ class PrefixState:
         self.total: Tensor | None = None
         self.count: Tensor | None = None
         self.length = 0
+
+    @property
+    def rows(self) -> int | None:
+        """The sequences it holds; None while empty."""
+        held = self.recent if self.recent is not None else self.total
+        return None if held is None else held.shape[0]
 
     def reorder(self, index: Tensor) -> None:
         """Keep batch rows `index` (B',), e.g. the surviving hypotheses of beam search."""
@@ -108,9 +114,11 @@ class FeedForwardLM(StatefulLM):
             padding carry no meaning). A wider mask, (B, S + T) over the tokens already read and these (a KV cache's
             convention), is cut to its last T columns.
         position_ids: accepted for the decoder's call signature and unused: a window's slots are its positions.
-        cache: the `PrefixState` to continue from; updated in place.
+        cache: the `PrefixState` to continue from; updated in place. One that holds another number of rows than
+            input_ids is an InputError (`check_state_rows`).
         """
         check_token_ids(input_ids, self.vocab_size)
+        check_state_rows(cache, input_ids)
         mask = step_mask(attention_mask, input_ids)  # bool (B, T), or None: no padding
         state = cache if cache is not None else PrefixState()
         x = self.embedding(input_ids)  # (B, T, E)

@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from attnkit.layers.embedding import check_token_ids
 from attnkit.models.recurrent.rnn import Cell, RecurrentState, make_rnn, run_rnn
-from attnkit.models.stateful_lm import StatefulLM, output_projection, step_mask
+from attnkit.models.stateful_lm import StatefulLM, check_state_rows, output_projection, step_mask
 
 
 class RecurrentLM(StatefulLM):
@@ -54,9 +54,11 @@ class RecurrentLM(StatefulLM):
             skips padding; outputs there are those of a zero state and carry no meaning). A wider mask, (B, S + T)
             over the tokens already read and these (a KV cache's convention), is cut to its last T columns.
         position_ids: accepted for the decoder's call signature and unused: a recurrence knows the order.
-        cache: the `RecurrentState` to continue from; updated in place to the state after the last real token.
+        cache: the `RecurrentState` to continue from; updated in place to the state after the last real token. One
+            that holds another number of rows than input_ids is an InputError (`check_state_rows`).
         """
         check_token_ids(input_ids, self.vocab_size)
+        check_state_rows(cache, input_ids)
         attention_mask = step_mask(attention_mask, input_ids)  # bool (B, T), or None: no padding
         state = cache if cache is not None else RecurrentState()
         x = self.dropout(self.embedding(input_ids))  # (B, T, E)

@@ -58,6 +58,11 @@ class RecurrentState:
     def started(self) -> bool:
         return self.hidden is not None
 
+    @property
+    def rows(self) -> int | None:
+        """The sequences it holds; None before the first step."""
+        return None if self.hidden is None else self.hidden.shape[1]
+
     def get(self) -> TorchState | None:
         """The state as torch's recurrent layers take it: h, or (h, c) for an LSTM; None before the first step."""
         if self.hidden is None:

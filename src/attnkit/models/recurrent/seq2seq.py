@@ -38,7 +38,7 @@ from attnkit.models.output import ModelOutput
 from attnkit.models.recurrent.attention import AttentionKind, SourceAttention
 from attnkit.models.recurrent.rnn import Cell, RecurrentState, make_rnn, run_rnn
 from attnkit.models.seq2seq import check_paired
-from attnkit.models.stateful_lm import check_mask, init_embedding, output_projection
+from attnkit.models.stateful_lm import check_mask, check_state_rows, init_embedding, output_projection
 
 
 class RecurrentEncoder(nn.Module):
@@ -208,11 +208,13 @@ class RecurrentSeq2Seq(nn.Module):
         tgt_mask: (B, T), padding on the right only: the decoder reads left to right, so padding after a
             row's last real token changes none of its outputs.
         labels: (B, T) next-token ids aligned with tgt_ids, -100 at padding.
-        cache: a `RecurrentState` (from `allocate_cache`); empty, it starts from the bridge; updated in place.
+        cache: a `RecurrentState` (from `allocate_cache`); empty, it starts from the bridge; updated in place. One
+            that holds another number of rows than tgt_ids is an InputError (`check_state_rows`).
         need_weights: attentions = [{"cross": (B, 1, T, S)}], row t the weights of decoding step t.
         """
         check_token_ids(tgt_ids, self.decoder.embedding.num_embeddings, name="tgt_ids")
         check_paired(tgt_ids.shape[0], memory.shape[0])
+        check_state_rows(cache, tgt_ids, "tgt_ids")
         tgt_mask = check_mask(tgt_mask, tgt_ids, "tgt_mask")
         if tgt_mask is not None and not bool(tgt_mask[:, 0].all()):
             raise InputError("tgt_mask pads on the left; targets start with BOS in column 0 and pad on the right")
