@@ -282,6 +282,34 @@ def test_a_refused_run_removes_only_what_it_made(tmp_path, capsys, monkeypatch, 
     assert written and tree(out) == {**before, **written, "run": None}
 
 
+def test_a_refused_run_leaves_a_claim_this_process_held_before_it(tmp_path, capsys):
+    # claim() returns early for a directory the process owns already; the refusal then released that earlier claim,
+    # the lock with it, and removed what had been made since it
+    import fcntl
+
+    from attnkit.train import rundir
+
+    text = tmp_path / "short.txt"
+    text.write_text("a text too short for one window\n")
+    out = tmp_path / "run"
+    assert rundir.claim(out) and not rundir.claim(out)
+    try:
+        (out / "cache").mkdir()
+        (out / "cache" / "earlier.bin").write_bytes(b"\0")
+        assert cli.main(["train", "--data", str(text), "--out", str(out), *TINY_TRAIN]) == 2
+        assert "fewer than one window needs (65)" in capsys.readouterr().err
+        assert (out / "cache" / "earlier.bin").is_file()
+        fd = os.open(out / rundir.LOCK_FILE, os.O_RDWR)
+        try:
+            with pytest.raises(BlockingIOError):  # still locked: the claim is held
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            os.close(fd)
+    finally:
+        rundir.release(out, refused=True)
+    assert not out.exists()
+
+
 def test_a_refused_run_through_a_linked_out_leaves_the_link_and_its_folder_as_they_were(tmp_path, capsys):
     text = tmp_path / "short.txt"
     text.write_text("a text too short for one window\n")

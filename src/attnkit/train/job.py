@@ -265,13 +265,11 @@ def prepare(
     This process owns `request.out` from here until the Trainer's `fit` ends (`rundir.claim`; rank 0 only); with
     `overwrite`, the old run is moved aside only once everything is checked, and deleted at the first checkpoint.
     """
-    writes = World.from_env().rank == 0
-    if writes:
-        claim(request.out)
+    claimed = World.from_env().rank == 0 and claim(request.out)  # False: not rank 0, or held already by this process
     try:
         return _prepare(request, translate=translate, load_hf=load_hf)
     except BaseException:
-        if writes:
+        if claimed:  # a claim held before is its holder's to release
             release(request.out, refused=True)  # `out` as it was: a run moved aside put back, what was made removed
         raise
 

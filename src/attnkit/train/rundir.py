@@ -80,8 +80,9 @@ class _Claim:
 _held: dict[Path, _Claim] = {}  # this process's claims, by resolved run directory
 
 
-def claim(out: str | Path) -> None:
-    """Make this process the owner of run directory `out` (created when missing) until `release`.
+def claim(out: str | Path) -> bool:
+    """Make this process the owner of run directory `out` (created when missing) until `release`. Returns whether this
+    call made the claim (False: this process held it already, and whoever claimed it first releases it).
 
     Raises ConfigError when another process owns it (naming that process), when `out` is empty or cannot be a
     writable directory (naming why), or when one of the run's own folders (`OWN_FOLDERS`) is a link, which its
@@ -94,7 +95,7 @@ def claim(out: str | Path) -> None:
     out = Path(out)
     key = out.resolve()
     if key in _held:
-        return
+        return False
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file; a run is a directory: choose another --out")
     check_own_folders(out)
@@ -120,6 +121,7 @@ def claim(out: str | Path) -> None:
     before = _names(out) - ({LOCK_FILE} if new_lock else set())  # listed even in a folder made here: another
     # program may have written into it since
     _held[key] = _Claim(fd, created, before)
+    return True
 
 
 def check_own_folders(out: Path) -> None:
