@@ -18,6 +18,7 @@ from torch.testing import assert_close
 from attnkit.checkpoint import save_model
 from attnkit.cli import main
 from attnkit.config import ModelConfig
+from attnkit.data.lm import bos_first
 from attnkit.errors import InputError
 from attnkit.models import build_model
 from attnkit.models.greedy import greedy_target
@@ -497,6 +498,23 @@ def test_a_text_is_drawn_as_the_model_reads_it(family, head, frame, around):
     assert list(maps.query_tokens) == list(token_labels(chars, ids))
     reference = model(torch.tensor([ids]), need_weights=True).attentions[0]["self"][0]  # (H, T, T)
     assert_close(torch.from_numpy(maps.weights[0]), reference.detach())
+
+
+def test_a_language_models_text_starts_with_bos_where_its_training_stream_did():
+    """A language model's text is framed by the rule its training stream followed (`data.lm.bos_first`): a tokenizer
+    of one's own that says it starts its texts with BOS but has none trained on texts with nothing before them, and
+    its text is drawn so, where the drawing was refused for the missing BOS."""
+    class NoBos(CharTokenizer):
+        starts_with_bos = True
+
+        def token_id(self, role: str) -> int | None:
+            return None if role == "bos" else super().token_id(role)
+
+    chars = NoBos("abcdefgh ")
+    assert not bos_first(chars)
+    model, _ = _model(chars, "decoder")
+    (maps,) = attention_maps(model, chars, "abc de", layers=[0])
+    assert list(maps.query_tokens) == list(token_labels(chars, chars.encode("abc de")))
 
 
 @pytest.mark.parametrize("frame", ["attnkit", "own"])

@@ -7,8 +7,8 @@ frame a text here.
     marked    an encoder, a tagger (decoder or encoder)     `frame_ids`: attnkit's CLS/BOS and SEP/EOS, or
                                                             with frame "own" its tokenizer's own (a converted tagger's)
     source    an encoder-decoder's encoder                  -             text    EOS
-    stream    a language model (windows of a token stream)  BOS where the tokenizer starts its texts with one
-                                                            (`starts_with_bos`: a converted Llama), else nothing
+    stream    a language model (windows of a token stream)  BOS where its training stream put one first
+                                                            (`data.lm.bos_first`: a converted Llama), else nothing
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from typing import Any, Literal, get_args
 from torch import nn
 
 from attnkit.data.labelled import frame_ids
+from attnkit.data.lm import bos_first
 from attnkit.errors import CheckpointError, InputError
 from attnkit.models.stack import TransformerStack
 from attnkit.tasks.registry import CONVERTED
@@ -60,7 +61,7 @@ def text_frame(model: nn.Module, tokenizer: Tokenizer, frame: Frame = "attnkit")
         return frame_ids(tokenizer, own=frame == "own")
     if layout == "source":
         return [], [require_id(tokenizer, "eos")]
-    return ([require_id(tokenizer, "bos")] if getattr(tokenizer, "starts_with_bos", False) else []), []
+    return ([tokenizer.bos_id] if bos_first(tokenizer) else []), []
 
 
 def frame_of(record: Mapping[str, Any], where: str | Path) -> Frame:
