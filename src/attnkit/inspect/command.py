@@ -40,7 +40,7 @@ import logging
 import math
 import re
 import textwrap
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Literal, get_args
 
@@ -270,8 +270,9 @@ def _check_inputs(settings: InspectSettings) -> None:
 
 def _check_steer_flags(settings: InspectSettings) -> None:
     """steer's flags: a pair, a finite coefficient, tokens to write, a temperature; refused beside another analysis."""
+    defaults = {flag.name: flag.default for flag in fields(InspectSettings)}
     given = [f"--{name}" for name in ("steer", "layer", "coeff", "tokens", "temperature")
-             if getattr(settings, name) != InspectSettings.__dataclass_fields__[name].default]
+             if getattr(settings, name) != defaults[name]]
     if settings.analysis != "steer":
         if given:
             raise InputError(f"{', '.join(given)}: steer's flags; {settings.analysis} takes none: drop them")
