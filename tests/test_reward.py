@@ -402,13 +402,16 @@ def test_a_reward_run_is_served_at_v1_reward_each_text_scored_whole_or_said_trun
 
 def test_an_over_long_text_is_scored_on_its_first_window_and_said_truncated(reward_run, caplog):
     """A text longer than the model's window is scored on its first max_seq_len tokens: two texts alike there but
-    not after score alike, each `truncated`, with a warning naming the fix; a text that fits is not truncated."""
+    not after score alike, each `truncated`, with a warning naming the fix; a text that fits is not truncated. Each is
+    a `Reward` as attnkit.generate names it, beside `Classification`."""
     from attnkit import load
+    from attnkit.generate import Reward as PublicReward
 
     pipeline = load(reward_run)
     head = "HELLO " * pipeline.config.max_seq_len  # a character tokenizer: a token a character, past the window
     with caplog.at_level("WARNING", logger="attnkit.tasks.reward"):
         short, long, longer = pipeline.reward(["HELLO", head, head + "world"])
+    assert all(isinstance(result, PublicReward) for result in (short, long, longer))
     assert (short.truncated, long.truncated, longer.truncated) == (False, True, True)
     assert long.reward == pytest.approx(longer.reward, abs=1e-6) and short.reward != pytest.approx(long.reward)
     assert "2 text(s) hold more than" in caplog.text and "shorten them to score them whole" in caplog.text

@@ -1,8 +1,8 @@
 """Using a trained model: generation (decoder), translation (encoder-decoder), classification (encoder).
 
-`load(run_dir)` returns a `Pipeline` with `.generate`, `.translate` and `.classify`; the token-level functions
-below it work on any model of the right family. `best_of_n(policy, reward, prompts, n=N)` keeps the best of N
-samples as a reward run scores them.
+`load(run_dir)` returns a `Pipeline` with its run's method: `.generate`, `.translate`, `.classify` (a `Classification`
+a text) or `.reward` (a `Reward` a text); the token-level functions below it work on any model of the right family.
+`best_of_n(policy, reward, prompts, n=N)` keeps the best of N samples as a reward run scores them.
 """
 
 from attnkit.generate.beam import beam_generate, beam_search, translate_batched, translate_ids
@@ -20,6 +20,7 @@ from attnkit.generate.sampling import GREEDY, SamplingConfig, make_generator, se
 from attnkit.generate.seq2seq import encode_sources, greedy_translate
 from attnkit.generate.static_decode import StaticDecoding
 from attnkit.tasks.best_of import BestOfN, best_of_n
+from attnkit.tasks.reward import Reward
 
 __all__ = [
     "GREEDY",
@@ -29,6 +30,7 @@ __all__ = [
     "Grammar",
     "GrammarMask",
     "Pipeline",
+    "Reward",
     "SamplingConfig",
     "StaticDecoding",
     "beam_generate",
