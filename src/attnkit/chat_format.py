@@ -37,6 +37,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from attnkit.data.lm import bos_first
 from attnkit.errors import InputError
 from attnkit.tokenize import Tokenizer
 
@@ -237,9 +238,8 @@ class ChatTemplate:
         ids = (encode or tokenizer.encode)(prompt)  # a tokenizer of one's own without the method: as text
         if not ids:
             raise InputError("the chat template renders these messages as no token: give messages with content")
-        bos = tokenizer.bos_id
-        framed = self.source is None and getattr(tokenizer, "starts_with_bos", False) and bos is not None
-        return [bos, *ids] if framed else ids
+        framed = self.source is None and bos_first(tokenizer)
+        return [tokenizer.bos_id, *ids] if framed else ids
 
     def conversation_ids(self, tokenizer: Tokenizer, messages: Sequence[dict], tools: Sequence[dict] = ()
                          ) -> tuple[list[int], list[bool]]:

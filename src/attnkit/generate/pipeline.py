@@ -41,6 +41,7 @@ from attnkit.config import DecoderConfig, ModelConfig
 from attnkit.data.batching import pad
 from attnkit.data.chat import check_messages
 from attnkit.data.labelled import frame_ids
+from attnkit.data.lm import bos_first
 from attnkit.errors import CheckpointError, InputError
 from attnkit.generate.beam import beam_generate, translate_batched
 from attnkit.generate.captured_step import CapturedDecoding
@@ -595,8 +596,8 @@ class Pipeline:
             raise InputError(f"prompt {index} is a {type(prompt).__name__}; prompts are strings")
         ids = encode_some(self.tokenizer, prompt, f"prompt {index}")
         bos = self.tokenizer.bos_id
-        if add_bos is None:  # a tokenizer of one's own, without the attribute, frames nothing
-            add_bos = getattr(self.tokenizer, "starts_with_bos", False)
+        if add_bos is None:  # as the run's training stream began its texts (a tokenizer of one's own: nothing)
+            add_bos = bos_first(self.tokenizer)
         if (add_bos or not ids) and bos is not None:
             ids = [bos, *ids]
         if not ids:
