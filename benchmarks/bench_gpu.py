@@ -1,10 +1,11 @@
 """`python -m benchmarks gpu`: attnkit on one CUDA GPU against its peers, in one process, in about 10 minutes on an
 H100 or H200 (planned: train, serve and decode took 251 s on an H200; variants, not yet run on a GPU, compiles ten
-training rows, some 5 minutes). Every figure is a ratio against a peer timed in the same run, or a fraction of a peak: the matrix
-product rate measured in this run, and the GPU's dense bf16 peak from its data sheet (989 TFLOP/s, H100/H200 SXM).
+training rows, some 5 minutes). Every figure is a ratio against a peer timed in the same run, or a fraction of a
+peak: the matrix product rate measured in this run, and the GPU's dense bf16 peak from its data sheet (989 TFLOP/s,
+H100/H200 SXM).
 
     train   GPT-2 124M's shape (12 layers, width 768, 12 heads, batch 16 x 1,024, bf16 autocast): nanoGPT's model.py
-            and train.py's step (`PeerGPT`: biases, exact GELU, tied weights, its init; `logits, loss = model(X, Y)`
+            and train.py's step (`nanogpt.GPT`: biases, exact GELU, tied weights, its init; `logits, loss = model(X, Y)`
             with the loss inside `torch.compile(model)`; get_batch pinned and copied non_blocking; clipping; fused
             AdamW with its two decay groups) against
             attnkit's Trainer step as its plan runs it on this GPU (auto: compiled whole), attnkit eager
@@ -50,11 +51,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 from attnkit.outputs import atomic_write
 from benchmarks.common import RESULTS
+from benchmarks.nanogpt import GPT, GPTConfig, train_step
 
 SPEC_PEAK_BF16 = 989e12  # H100 / H200 SXM, dense bf16 (the figure the issue and nanoGPT's MFU use)
 PARTS = ("train", "variants", "decode", "serve")
@@ -79,116 +80,19 @@ GPT2 = TrainShape(12, 768, 12, 50257, 1024, 16)
 SMOKE = TrainShape(2, 64, 4, 96, 32, 2)
 
 
-# --- the peer: nanoGPT's model.py and train.py, in everything that touches speed ------------------------------------
-class PeerLayerNorm(nn.Module):
-    """model.py's LayerNorm: F.layer_norm with an optional bias, eps 1e-5."""
-
-    def __init__(self, width: int, bias: bool) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(width))
-        self.bias = nn.Parameter(torch.zeros(width)) if bias else None
-
-    def forward(self, x: Tensor) -> Tensor:
-        return F.layer_norm(x, self.weight.shape, self.weight, self.bias, 1e-5)
-
-
-class PeerAttention(nn.Module):
-    """model.py's CausalSelfAttention: one c_attn product to q, k, v; SDPA with is_causal; c_proj, then its residual
-    dropout (p = 0: GPTConfig's dropout for pretraining, kept as a module as model.py keeps it)."""
-
-    def __init__(self, width: int, n_heads: int, bias: bool) -> None:
-        super().__init__()
-        self.c_attn = nn.Linear(width, 3 * width, bias=bias)
-        self.c_proj = nn.Linear(width, width, bias=bias)
-        self.resid_dropout = nn.Dropout(0.0)
-        self.n_heads = n_heads
-
-    def forward(self, x: Tensor) -> Tensor:
-        B, T, C = x.shape
-        q, k, v = (t.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2)  # (B, nh, T, hs)
-                   for t in self.c_attn(x).split(C, dim=2))
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=True)  # (B, nh, T, hs)
-        return self.resid_dropout(self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C)))  # (B, T, C)
-
-
-class PeerBlock(nn.Module):
-    """model.py's Block: x + attn(ln_1(x)), then x + mlp(ln_2(x)) with the MLP c_fc, exact GELU, c_proj, dropout."""
-
-    def __init__(self, width: int, n_heads: int, bias: bool) -> None:
-        super().__init__()
-        self.ln_1, self.ln_2 = PeerLayerNorm(width, bias), PeerLayerNorm(width, bias)
-        self.attn = PeerAttention(width, n_heads, bias)
-        self.mlp = nn.ModuleDict(dict(c_fc=nn.Linear(width, 4 * width, bias=bias), gelu=nn.GELU(),
-                                      c_proj=nn.Linear(4 * width, width, bias=bias), dropout=nn.Dropout(0.0)))
-
-    def forward(self, x: Tensor) -> Tensor:
-        x = x + self.attn(self.ln_1(x))
-        return x + self.mlp.dropout(self.mlp.c_proj(self.mlp.gelu(self.mlp.c_fc(self.ln_2(x)))))
-
-
-class PeerGPT(nn.Module):
-    """model.py's GPT: wte + wpe, the blocks, ln_f, lm_head tied to wte; N(0, 0.02) weights, zero biases, the residual
-    projections (c_proj) at 0.02 / sqrt(2 L). forward(idx, targets) returns (logits, loss) with the cross-entropy
-    inside the module, so that `torch.compile(model)` compiles the loss with the model, as train.py runs it."""
-
-    def __init__(self, vocab_size: int, block_size: int, width: int, n_heads: int, n_layers: int,
-                 bias: bool = True) -> None:
-        super().__init__()
-        self.transformer = nn.ModuleDict(dict(
-            wte=nn.Embedding(vocab_size, width), wpe=nn.Embedding(block_size, width), drop=nn.Dropout(0.0),
-            h=nn.ModuleList([PeerBlock(width, n_heads, bias) for _ in range(n_layers)]),
-            ln_f=PeerLayerNorm(width, bias)))
-        self.lm_head = nn.Linear(width, vocab_size, bias=False)
-        self.transformer.wte.weight = self.lm_head.weight  # weight tying
-        self.apply(self._init_weights)
-        for name, p in self.named_parameters():
-            if name.endswith("c_proj.weight"):
-                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * n_layers))
-
-    @staticmethod
-    def _init_weights(module: nn.Module) -> None:
-        if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
-        if isinstance(module, nn.Linear) and module.bias is not None:
-            nn.init.zeros_(module.bias)
-
-    def forward(self, idx: Tensor, targets: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
-        pos = torch.arange(0, idx.shape[1], dtype=torch.long, device=idx.device)  # (T,)
-        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))  # (B, T, C)
-        for block in self.transformer.h:
-            x = block(x)
-        x = self.transformer.ln_f(x)
-        if targets is None:  # inference: the last position's logits only
-            return self.lm_head(x[:, [-1], :]), None
-        logits = self.lm_head(x)  # (B, T, V)
-        return logits, F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
-
-    def configure_optimizers(self, weight_decay: float, learning_rate: float, betas: tuple[float, float],
-                             device_type: str) -> torch.optim.AdamW:
-        """AdamW with two groups: every tensor of two or more dimensions decays, biases and norms do not; fused on
-        CUDA."""
-        params = [p for p in self.parameters() if p.requires_grad]
-        groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-                  {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=device_type == "cuda")
-
-
-GRADIENT_ACCUMULATION_STEPS = 1  # one micro-step: the batch is the shape's whole batch
-
-
 def nanogpt_step(shape: TrainShape, stream: np.ndarray, device: torch.device, *, backend: str | Callable = "inductor"):
-    """train.py's iteration on model.py's GPT (vocabulary padded to a multiple of 64, as for GPT-2's 50,304):
-    get_batch from a uint16 token stream (pinned, copied non_blocking on CUDA), `torch.compile(model)`, under bf16
-    autocast `logits, loss = model(X, Y)` and the loss divided by the accumulation steps (one), the next batch fetched
-    before backward, clipping at 1.0, fused AdamW with its two decay groups and the learning rate set each iteration,
-    zero_grad(set_to_none=True); TF32 on for fp32 products on CUDA, as train.py sets it. With bf16 train.py's
-    GradScaler is disabled, so it is left out. backend: torch.compile's backend (a test passes one that records the
-    graphs). Returns (parameters counted as nanoGPT's get_num_params counts them, step)."""
-    vocab = shape.vocab_size + (-shape.vocab_size % 64)
+    """train.py's iteration (`nanogpt.train_step`) on model.py's GPT (`nanogpt.GPT`, the vocabulary padded to a
+    multiple of 64, as for GPT-2's 50,304): get_batch from a uint16 token stream (pinned, copied non_blocking on
+    CUDA), `torch.compile(model)`, under bf16 autocast `logits, loss = model(X, Y)`, clipping at 1.0, fused AdamW
+    with its two decay groups and the learning rate set each iteration (get_lr's value past warmup, before decay at
+    these step counts); TF32 on for fp32 products on CUDA, as train.py sets it. backend: torch.compile's backend (a
+    test passes one that records the graphs). Returns (parameters counted as nanoGPT's get_num_params counts them,
+    step)."""
     on_gpu = device.type == "cuda"
-    model = PeerGPT(vocab, shape.seq_len, shape.d_model, shape.n_heads, shape.n_layers, bias=True).to(device)
+    config = GPTConfig(block_size=shape.seq_len, vocab_size=shape.vocab_size + (-shape.vocab_size % 64),
+                       n_layer=shape.n_layers, n_head=shape.n_heads, n_embd=shape.d_model, bias=True)
+    model = GPT(config).to(device)
     optimizer = model.configure_optimizers(0.1, 6e-4, (0.9, 0.95), device.type)
-    compiled = torch.compile(model, backend=backend)
 
     def get_batch() -> tuple[Tensor, Tensor]:
         ix = torch.randint(len(stream) - shape.seq_len, (shape.batch_size,))
@@ -198,23 +102,14 @@ def nanogpt_step(shape: TrainShape, stream: np.ndarray, device: torch.device, *,
             return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
         return x, y
 
-    X, Y = get_batch()
+    iteration = train_step(model, optimizer, get_batch, forward=torch.compile(model, backend=backend),
+                           ctx=torch.autocast(device.type, dtype=torch.bfloat16), lr=lambda it: 6e-4, grad_clip=1.0)
 
     def step() -> None:
-        nonlocal X, Y
         with tf32(on_gpu):
-            for group in optimizer.param_groups:
-                group["lr"] = 6e-4  # get_lr's value (past warmup, before decay at these step counts)
-            with torch.autocast(device.type, dtype=torch.bfloat16):
-                _, loss = compiled(X, Y)
-                loss = loss / GRADIENT_ACCUMULATION_STEPS  # train.py's scaling, outside the compiled module
-            X, Y = get_batch()  # the next batch's copy overlaps this step's backward, as in train.py
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            iteration()
 
-    return sum(p.numel() for p in model.parameters()) - model.transformer.wpe.weight.numel(), step
+    return model.get_num_params(), step
 
 
 @contextmanager

@@ -10,7 +10,7 @@ shakespeare  Tiny Shakespeare, characters, nanoGPT's CPU setting (the recipe sha
              width 128, context 64, batch 12, 2,000 iterations, lr 1e-3 (warmup 100, cosine to 1e-4, beta2 0.99),
              dropout 0, learned positions, GELU, pre-norm LayerNorm, no biases. nanoGPT reports validation loss
              ~1.88. Validation loss here is over every validation token (non-overlapping windows of 64).
-nanogpt      the same setting through nanoGPT's own model and train.py loop, written out in this file: its
+nanogpt      the same setting through nanoGPT's own model and train.py loop (benchmarks/nanogpt.py): its
              validation loss over every token, and ten of its 20-batch estimates (how it reports 1.88).
 recipes      the recipes shakespeare-char and shakespeare-char-plus (the Llama-2-style block) and nanoGPT's loop,
              one after another in one process at the recipes' step count; writes each recipe's `result` into its
@@ -30,9 +30,10 @@ Timings depend on the machine and on what else runs on it: the load average is r
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import json
 import logging
-import math
 import os
 import platform
 import shutil
@@ -50,6 +51,7 @@ from attnkit.generate import greedy_translate, load, translate_batched
 from attnkit.recipes import RECIPE_DIR
 from attnkit.train import TrainRequest, prepare
 from benchmarks.common import DATA, RESULTS, ROOT
+from benchmarks.nanogpt import GPT, GPTConfig, attnkit_state_dict, get_lr, train_step
 
 RUNS = ROOT / "runs"
 
@@ -93,8 +95,8 @@ def recipe_job(name: str, *argv: str) -> tuple[list[str], dict[str, Any], dict[s
     """The model assignments, data settings and training settings of the recipe `name`, as `attnkit train
     --recipe NAME --data-root ../shared/data ARGV...` builds them."""
     invocation = cli.parse(["train", "--recipe", name, "--data-root", str(need(DATA)), *argv])
-    run, data, training = invocation.settings, *invocation.sections
-    return list(run.set), dict(data), dict(training)
+    request = cli.train_request(invocation.settings, *invocation.sections)  # the data with each task's own options
+    return list(request.overrides), {"task": request.task, **request.data}, dict(request.settings)
 
 
 def shakespeare(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -109,115 +111,63 @@ def shakespeare(args: argparse.Namespace) -> list[dict[str, Any]]:
     return rows
 
 
-class NanoGPTBlock(torch.nn.Module):
-    """nanoGPT's Block: pre-norm causal self-attention and a GELU MLP (`bias`: its GPTConfig.bias)."""
-
-    def __init__(self, C: int, H: int, bias: bool = False) -> None:
-        super().__init__()
-        nn = torch.nn
-        self.H = H
-        self.ln_1, self.ln_2 = nn.LayerNorm(C, bias=bias), nn.LayerNorm(C, bias=bias)
-        self.c_attn, self.attn_proj = nn.Linear(C, 3 * C, bias=bias), nn.Linear(C, C, bias=bias)
-        self.c_fc, self.mlp_proj = nn.Linear(C, 4 * C, bias=bias), nn.Linear(4 * C, C, bias=bias)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, T, C = x.shape
-        q, k, v = (t.view(B, T, self.H, C // self.H).transpose(1, 2) for t in self.c_attn(self.ln_1(x)).split(C, 2))
-        y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, T, D)
-        x = x + self.attn_proj(y.transpose(1, 2).reshape(B, T, C))
-        return x + self.mlp_proj(torch.nn.functional.gelu(self.c_fc(self.ln_2(x))))
-
-
-class NanoGPT(torch.nn.Module):
-    """nanoGPT's GPT: token + learned positions, blocks, final LayerNorm, output tied to the token embedding."""
-
-    def __init__(self, V: int, T: int, C: int, H: int, L: int, bias: bool = False) -> None:
-        super().__init__()
-        self.wte, self.wpe = torch.nn.Embedding(V, C), torch.nn.Embedding(T, C)
-        self.blocks = torch.nn.Sequential(*[NanoGPTBlock(C, H, bias) for _ in range(L)])
-        self.ln_f = torch.nn.LayerNorm(C, bias=bias)
-        for name, p in self.named_parameters():
-            if p.dim() == 2:  # N(0, 0.02); residual projections N(0, 0.02 / sqrt(2 L))
-                torch.nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * L) if name.endswith("_proj.weight") else 0.02)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.wte(x) + self.wpe(torch.arange(x.shape[1], device=x.device))  # (B, T, C)
-        return self.ln_f(self.blocks(h)) @ self.wte.weight.T  # (B, T, V)
-
-
 def nanogpt_parity(V: int, T: int) -> dict[str, Any]:
     """The largest logit difference between attnkit's model of the setting and nanoGPT's, same weights."""
     from attnkit import ModelConfig, build_model
 
     torch.manual_seed(0)
-    reference = NanoGPT(V, T, 128, 4, 4)
+    reference = GPT(GPTConfig(block_size=T, vocab_size=V, n_layer=4, n_head=4, n_embd=128, bias=False))
     ours = build_model(ModelConfig(vocab_size=V).with_overrides(recipe_job("shakespeare-char")[0]))
-    mapped = {"stack.embeddings.token.weight": reference.wte.weight, "stack.embeddings.positions.weight":
-              reference.wpe.weight, "stack.final_norm.weight": reference.ln_f.weight}
-    for i, block in enumerate(reference.blocks):
-        prefix = f"stack.blocks.{i}."
-        for name, weight in zip(("q", "k", "v"), block.c_attn.weight.split(128), strict=True):
-            mapped[f"{prefix}self_attn.{name}_proj.weight"] = weight
-        mapped.update({f"{prefix}self_attn.o_proj.weight": block.attn_proj.weight,
-                       f"{prefix}attn_norm.weight": block.ln_1.weight, f"{prefix}mlp_norm.weight": block.ln_2.weight,
-                       f"{prefix}mlp.up_proj.weight": block.c_fc.weight,
-                       f"{prefix}mlp.down_proj.weight": block.mlp_proj.weight})
-    ours.load_state_dict(mapped, strict=False)  # lm_head is tied to the token embedding
+    ours.load_state_dict(attnkit_state_dict(reference), strict=False)  # lm_head is tied to the token embedding
     x = torch.randint(0, V, (4, T))
     with torch.no_grad():
-        difference = (ours(x).logits - reference(x)).abs().max().item()
+        logits, _ = reference(x, targets=x)  # with targets, the logits at every position
+        difference = (ours(x).logits - logits).abs().max().item()
     print(f"attnkit vs nanoGPT logits, same weights: max difference {difference:.3g}", flush=True)
     return {"run": "nanogpt-parity", "max_logit_difference": difference}
 
 
 def nanogpt_reference(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """nanoGPT's model and train.py loop (shakespeare_char, CPU setting), written out above and re-run here:
-    its validation loss over every token, and ten of its 20-batch estimates (the way it reports 1.88)."""
+    """nanoGPT's model and train.py loop (shakespeare_char, CPU setting) re-run here: its validation loss over every
+    token, and ten of its 20-batch estimates (the way it reports 1.88)."""
     text = need(DATA / "tinyshakespeare" / "input.txt").read_text(encoding="utf-8")
     return [nanogpt_parity(len(set(text)), 64), *(nanogpt_train(seed, 2000) for seed in args.seeds)]
 
 
 def nanogpt_train(seed: int, steps: int) -> dict[str, Any]:
-    """nanoGPT's train.py loop for `steps` iterations (lr_decay_iters = max_iters = steps), one row of results."""
-    F = torch.nn.functional
+    """nanoGPT's model.py (`nanogpt.GPT`, no biases) through its train.py loop (`nanogpt.train_step`) as its README's
+    CPU run sets it (`--device=cpu --compile=False --block_size=64 --batch_size=12 --n_layer=4 --n_head=4
+    --n_embd=128 --dropout=0.0`, lr_decay_iters = max_iters = `steps`), without its evaluations; one row of
+    results."""
     text = need(DATA / "tinyshakespeare" / "input.txt").read_text(encoding="utf-8")
     stoi = {c: i for i, c in enumerate(sorted(set(text)))}
     data = torch.tensor([stoi[c] for c in text])
     train_data, val_data = data[: int(len(data) * 0.9)], data[int(len(data) * 0.9) :]
-    V, T, B = len(stoi), 64, 12
+    T, B = 64, 12
 
     def batch(d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         ix = torch.randint(len(d) - T, (B,))
         return torch.stack([d[i : i + T] for i in ix]), torch.stack([d[i + 1 : i + 1 + T] for i in ix])
 
-    def loss(model: NanoGPT, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(model(x).reshape(-1, V), y.reshape(-1))
-
     torch.manual_seed(seed)
-    model = NanoGPT(V, T, 128, 4, 4)
-    params = list(model.parameters())
-    optimizer = torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
-                                   {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
-                                  lr=1e-3, betas=(0.9, 0.99))
+    model = GPT(GPTConfig(block_size=T, vocab_size=len(stoi), n_layer=4, n_head=4, n_embd=128, bias=False))
+    optimizer = model.configure_optimizers(0.1, 1e-3, (0.9, 0.99), "cpu")
+    schedule = functools.partial(get_lr, learning_rate=1e-3, warmup_iters=100, lr_decay_iters=steps, min_lr=1e-4)
+    step = train_step(model, optimizer, lambda: batch(train_data), forward=model, ctx=contextlib.nullcontext(),
+                      lr=schedule, grad_clip=1.0)
     load_before = os.getloadavg()[0]
     start = time.perf_counter()
-    for it in range(steps):  # nanoGPT's get_lr: warmup 100, cosine to 1e-4 at `steps`
-        cosine = 0.5 * (1 + math.cos(math.pi * (it - 100) / (steps - 100)))
-        lr = 1e-3 * (it + 1) / 101 if it < 100 else 1e-4 + cosine * 9e-4
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        loss(model, *batch(train_data)).backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+    for _ in range(steps):
+        step()
     seconds = time.perf_counter() - start
+    model.eval()
     with torch.no_grad():
         windows = torch.stack([val_data[i : i + T + 1] for i in range(0, len(val_data) - T, T)])
-        full = loss(model, windows[:, :-1], windows[:, 1:]).item()
-        estimates = [sum(loss(model, *batch(val_data)).item() for _ in range(20)) / 20 for _ in range(10)]
+        full = model(windows[:, :-1], windows[:, 1:].contiguous())[1].item()  # model.py views the targets
+        estimates = [sum(model(*batch(val_data))[1].item() for _ in range(20)) / 20 for _ in range(10)]
     row = {"run": f"nanogpt-reference-seed{seed}", "seed": seed, "steps": steps, "val_loss_every_token": round(full, 4),
            "val_loss_20_batch_estimates": [round(e, 3) for e in estimates], "train_seconds": round(seconds, 1),
-           "tokens_per_second": round(steps * B * T / seconds), "parameters": sum(p.numel() for p in params),
+           "tokens_per_second": round(steps * B * T / seconds), "parameters": model.get_num_params(non_embedding=False),
            "load_average_1m": [load_before, os.getloadavg()[0]]}
     print(json.dumps(row), flush=True)
     return row

@@ -1,6 +1,6 @@
 """The speed suite's peers beyond plain `transformers`: the tools people pick for speed, each optional.
 
-- nanoGPT's model (`bench_gpu.PeerGPT`, its `model.py` written out) and its `train.py` step: autocast,
+- nanoGPT's model (`nanogpt.GPT`, its `model.py` written out) and its `train.py` step: autocast,
   `logits, loss = model(X, Y)` with the loss inside the model (and so inside `torch.compile(model)` for the compiled
   rows), backward, AdamW with its weight-decay groups (fused only on CUDA, as `configure_optimizers` chooses).
   Clipping is left out, as it is from every other training row of the suite.
@@ -59,27 +59,21 @@ def llama_cpp_system_info() -> str | None:
 
 # --- nanoGPT ---------------------------------------------------------------------------------------------------------
 def nanogpt_train_step(case, dtype: str, *, compiled: bool, device: str):
-    """nanoGPT's model of the case's shape (`bench_gpu.PeerGPT`) and one step of its training loop: (model, step).
-    As train.py runs it, `logits, loss = model(X, Y)`: the cross-entropy is computed inside the model, so inside
-    `torch.compile(model)` for the compiled rows."""
-    from benchmarks.bench_gpu import PeerGPT
+    """nanoGPT's model of the case's shape (`nanogpt.GPT`, with biases) and its train.py iteration
+    (`nanogpt.train_step`) on one fixed batch: (model, step). As train.py runs it, `logits, loss = model(X, Y)`: the
+    cross-entropy is computed inside the model, so inside `torch.compile(model)` for the compiled rows."""
+    from benchmarks.nanogpt import GPT, GPTConfig, train_step
 
-    model = PeerGPT(case.vocab_size, case.seq_len, case.d_model, case.n_heads, case.n_layers, bias=True).to(device)
+    model = GPT(GPTConfig(block_size=case.seq_len, vocab_size=case.vocab_size, n_layer=case.n_layers,
+                          n_head=case.n_heads, n_embd=case.d_model, bias=True)).to(device)
     generator = torch.Generator().manual_seed(0)
     ids, targets = (torch.randint(2, case.vocab_size, (case.batch_size, case.seq_len), generator=generator).to(device)
                     for _ in range(2))
     optimizer = model.configure_optimizers(0.1, 1e-4, (0.9, 0.95), torch.device(device).type)
-    run = torch.compile(model) if compiled else model
     autocast = torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=dtype == "bf16")
-
-    def train_step() -> None:
-        with autocast:
-            _, loss = run(ids, targets)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    return model, train_step
+    step = train_step(model, optimizer, lambda: (ids, targets), forward=torch.compile(model) if compiled else model,
+                      ctx=autocast)
+    return model, step
 
 
 # --- transformers with a static cache, compiled ----------------------------------------------------------------------

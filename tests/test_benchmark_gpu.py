@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from benchmarks import bench_gpu
+from benchmarks.nanogpt import GPT, GPTConfig, attnkit_state_dict
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the benchmark runs instead of refusing")
@@ -66,38 +67,20 @@ def test_smoke_run_times_every_training_row(tmp_path, monkeypatch, capsys):
     assert all(r["tokens_per_s"] > 0 for r in report["results"])
 
 
-def _attnkit_weights_from_peer(peer: bench_gpu.PeerGPT) -> dict[str, torch.Tensor]:
-    """The peer's parameters under attnkit's names (c_attn split into q, k, v); lm_head is tied to the tokens."""
-    width = peer.transformer.wte.weight.shape[1]
-    mapped = {"stack.embeddings.token.weight": peer.transformer.wte.weight,
-              "stack.embeddings.positions.weight": peer.transformer.wpe.weight,
-              "stack.final_norm.weight": peer.transformer.ln_f.weight,
-              "stack.final_norm.bias": peer.transformer.ln_f.bias}
-    for i, block in enumerate(peer.transformer.h):
-        ours = f"stack.blocks.{i}."
-        for kind in ("weight", "bias"):
-            for name, part in zip("qkv", getattr(block.attn.c_attn, kind).split(width), strict=True):
-                mapped[f"{ours}self_attn.{name}_proj.{kind}"] = part
-            mapped.update({f"{ours}self_attn.o_proj.{kind}": getattr(block.attn.c_proj, kind),
-                           f"{ours}attn_norm.{kind}": getattr(block.ln_1, kind),
-                           f"{ours}mlp_norm.{kind}": getattr(block.ln_2, kind),
-                           f"{ours}mlp.up_proj.{kind}": getattr(block.mlp.c_fc, kind),
-                           f"{ours}mlp.down_proj.{kind}": getattr(block.mlp.c_proj, kind)})
-    return mapped
-
-
-def test_the_peer_has_attnkits_gpt2_loss_and_gradients_on_the_same_weights():
-    """nanoGPT's model (biases, exact GELU, tied weights, its init) and attnkit's GPT-2 block with exact GELU give the
+@pytest.mark.parametrize("bias", [True, False], ids=["biases (GPT-2, the GPU's peer)", "no biases (shakespeare_char)"])
+def test_the_peer_has_attnkits_gpt2_loss_and_gradients_on_the_same_weights(bias):
+    """nanoGPT's model (exact GELU, tied weights, its init; with biases as GPT-2 and the GPU benchmark run it, without
+    as its shakespeare_char setting and the CPU recipes' row run it) and attnkit's GPT-2 block with exact GELU give the
     same loss and the same gradient for every weight: the peer computes what attnkit computes."""
     from attnkit import build_model, presets
 
     torch.manual_seed(0)
     vocab, length, width, heads, layers = 96, 16, 32, 4, 2
-    peer = bench_gpu.PeerGPT(vocab, length, width, heads, layers)
+    peer = GPT(GPTConfig(block_size=length, vocab_size=vocab, n_layer=layers, n_head=heads, n_embd=width, bias=bias))
     config = presets.get("gpt2-124m", vocab_size=vocab, n_layers=layers, d_model=width, n_heads=heads,
-                         d_ff=4 * width, max_seq_len=length, dropout=0.0, activation="gelu")
+                         d_ff=4 * width, max_seq_len=length, dropout=0.0, activation="gelu", bias=bias)
     ours = build_model(config)
-    missing, unexpected = ours.load_state_dict({k: v.detach() for k, v in _attnkit_weights_from_peer(peer).items()},
+    missing, unexpected = ours.load_state_dict({k: v.detach() for k, v in attnkit_state_dict(peer).items()},
                                                strict=False)
     assert missing == ["lm_head.weight"] and not unexpected  # tied to the token embedding
     x, y = torch.randint(0, vocab, (3, length)), torch.randint(0, vocab, (3, length))
@@ -107,14 +90,14 @@ def test_the_peer_has_attnkits_gpt2_loss_and_gradients_on_the_same_weights():
     peer_loss.backward()
     our_loss.backward()
     ours_by_name = dict(ours.named_parameters())
-    expected = _attnkit_weights_from_peer(peer)
+    expected = attnkit_state_dict(peer)
     for name, peer_param in expected.items():
         q_k_v = name.split(".")[-2] in ("q_proj", "k_proj", "v_proj")
         if q_k_v:  # c_attn's gradient is q's, k's and v's side by side
             continue
         torch.testing.assert_close(ours_by_name[name].grad, peer_param.grad, msg=name)
     for i, block in enumerate(peer.transformer.h):
-        for kind in ("weight", "bias"):
+        for kind in ("weight", "bias") if bias else ("weight",):
             joined = torch.cat([ours_by_name[f"stack.blocks.{i}.self_attn.{n}_proj.{kind}"].grad for n in "qkv"])
             torch.testing.assert_close(joined, getattr(block.attn.c_attn, kind).grad)
 

@@ -4,6 +4,7 @@ dispatches against nanoGPT's; host reads of the loss deferred without changing w
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import json
 import logging
@@ -29,7 +30,7 @@ from attnkit.train.metrics import MetricsLog
 from attnkit.train.plan import GPU_VOCAB_MULTIPLE, plan_training
 from attnkit.train.state import checkpoints
 from attnkit.train.trainer import TrainConfig, Trainer
-from benchmarks.bench_train import NanoGPT
+from benchmarks.nanogpt import GPT, GPTConfig, train_step
 
 GIB = 1 << 30
 
@@ -171,23 +172,17 @@ def test_a_training_step_dispatches_at_most_1_1x_nanogpts_operations(tmp_path):
     use_loss_path(model, on_gpu.loss)
     ours = _counted(trainer.train_step)
 
-    reference = NanoGPT(vocab, length, width, heads, layers, bias=True)
-    params = list(reference.parameters())
-    optimizer = torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
-                                   {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
-                                  lr=1e-4, betas=(0.9, 0.95), fused=True)
+    reference = GPT(GPTConfig(block_size=length, vocab_size=vocab, n_layer=layers, n_head=heads, n_embd=width))
+    optimizer = reference.configure_optimizers(0.1, 1e-4, (0.9, 0.95), "cuda")  # fused, as on a GPU
 
-    def nanogpt_step() -> None:
+    def get_batch() -> tuple[torch.Tensor, torch.Tensor]:
         starts = torch.randint(len(stream) - length, (batch,))
         x = torch.stack([torch.from_numpy(stream[i : i + length].astype(np.int64)) for i in starts])
         y = torch.stack([torch.from_numpy(stream[i + 1 : i + 1 + length].astype(np.int64)) for i in starts])
-        logits = reference(x)
-        loss = torch.nn.functional.cross_entropy(logits.view(-1, vocab), y.view(-1), ignore_index=-1) / 1
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        return x, y
 
+    nanogpt_step = train_step(reference, optimizer, get_batch, forward=reference, ctx=contextlib.nullcontext(),
+                              grad_clip=1.0)
     theirs = _counted(nanogpt_step)
     ratio = sum(ours.values()) / sum(theirs.values())
     assert ratio <= 1.1, (sum(ours.values()), sum(theirs.values()), (ours - theirs).most_common(12))
