@@ -6,7 +6,7 @@
         loss or gradient norm not finite?  stop: the last checkpoint stays as it is
         clip the gradient norm -> set the scheduled learning rate -> AdamW step
         every eval_every steps: evaluate, plot, checkpoint (keep the last N and the best)
-        SIGINT / SIGTERM: finish the step, checkpoint, return
+        SIGINT / SIGTERM: finish the step, checkpoint, return (a second: stop at once, naming the last checkpoint)
 
 A run stopped and resumed continues bit for bit (on CPU in fp32): weights, optimizer moments, the global RNG
 states (dropout) and the task's position in its data are all in the checkpoint, and evaluation runs under a
@@ -391,6 +391,10 @@ class Trainer:
                 if lost is None:
                     raise
                 raise lost from None
+            except KeyboardInterrupt:  # a second signal: no save, so say which checkpoint the resume starts from
+                if self.parallel.writes:
+                    self._say_interrupted(stop.signum)
+                raise
         session = time.perf_counter() - session_start
         checkpoint = self.run_dir / CHECKPOINTS_DIR / checkpoint_name(self.step)
         if reason == "signal" and self.parallel.writes:
@@ -407,6 +411,18 @@ class Trainer:
             tokens_per_second=(self.tokens_seen - tokens_before) / max(session, 1e-9),
             signal=stop.signum,
         )
+
+    def _say_interrupted(self, first: int | None) -> None:
+        """Log, for a run a second signal stopped at once (nothing saved), which checkpoint a resume continues from,
+        bit for bit, and that the steps after it are lost."""
+        how = f"a second {signal.Signals(first).name}" if first else "an interrupt"
+        if self.saved_step < 0:
+            log.warning("stopped at once by %s after step %d, before any checkpoint was written: nothing to resume; "
+                        "start again", how, self.step)
+        else:
+            log.warning("stopped at once by %s after step %d; the last checkpoint is step %d, in %s (the steps after "
+                        "it are lost). Resume with: %s", how, self.step, self.saved_step, self.run_dir,
+                        self.parallel.resume_command(self.run_dir))
 
     def _why_stop(self, stop_at: int | None, stop: _StopOnSignal) -> str | None:
         out_of_time = self.settings.max_time is not None and self.elapsed >= self.settings.max_time
@@ -660,10 +676,12 @@ def _progress_bar(trainer: Trainer, *, enabled: bool) -> tqdm:
 
 class _StopOnSignal:
     """While active, SIGINT and SIGTERM set `signum` (the loop stops after its step and saves); a second
-    signal raises KeyboardInterrupt at once. Handlers can only be installed from the main thread."""
+    signal raises KeyboardInterrupt at once, and later ones are ignored, so that they cannot cut short the message
+    that says where to resume. Handlers can only be installed from the main thread."""
 
     def __init__(self) -> None:
         self.signum: int | None = None
+        self.interrupted = False
         self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> _StopOnSignal:
@@ -673,7 +691,10 @@ class _StopOnSignal:
         return self
 
     def _handle(self, signum: int, frame: Any) -> None:
+        if self.interrupted:
+            return
         if self.signum is not None:
+            self.interrupted = True
             raise KeyboardInterrupt
         self.signum = signum
 
