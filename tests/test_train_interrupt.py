@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -20,6 +21,7 @@ import torch
 from safetensors.torch import load_file
 
 from attnkit import cli
+from attnkit.train.trainer import Trainer
 
 MAX_STEPS, SIGNAL_AFTER = 40, 12  # the child is sent SIGINT once its metrics show step SIGNAL_AFTER
 THROTTLE = 1.0  # s each child step past SIGNAL_AFTER waits first: the parent's window to signal before the run ends
@@ -134,8 +136,8 @@ def test_ctrl_c_then_resume_ends_bit_for_bit_where_the_uninterrupted_run_ends(tm
         assert f"stopped by SIGINT after step {stop}" in err
     else:
         assert stop == 10, err  # the evaluation before SIGNAL_AFTER
-        assert re.search(rf"stopped at once by a second SIGINT after step 1[23]; the last checkpoint is step 10, in "
-                         rf"{re.escape(str(stopped))} \(the steps after it are lost\)\. Resume with: attnkit train "
+        assert re.search(rf"stopped at once by a second SIGINT after step 1[23], unsaved; the last checkpoint is "
+                         rf"{re.escape(str(stopped / 'checkpoints' / 'step_000010'))}\. Resume with: attnkit train "
                          rf"--out {re.escape(str(stopped))} --resume", err), err
 
     assert cli.main(["train", "--out", str(stopped), "--resume", "--no-progress", "--sample-tokens", "0"]) == 0
@@ -145,3 +147,17 @@ def test_ctrl_c_then_resume_ends_bit_for_bit_where_the_uninterrupted_run_ends(tm
     assert_same_tensors(load_file(stopped / "model.safetensors"), load_file(whole / "model.safetensors"), "weights")
     assert_same_tensors(load_file(stopped / "optimizer.safetensors"), load_file(whole / "optimizer.safetensors"),
                         "AdamW state")
+
+
+def test_two_ctrl_c_before_the_first_checkpoint_say_there_is_nothing_to_resume(tmp_path, monkeypatch, caplog):
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signal handlers are installed only by the main thread; a SIGINT here would stop the tests")
+    def pressed_twice(self):
+        signal.raise_signal(signal.SIGINT)  # its handler runs before this returns: stop after this step
+        signal.raise_signal(signal.SIGINT)  # the second: stop at once, before the step has trained
+
+    monkeypatch.setattr(Trainer, "train_step", pressed_twice)
+    argv = ["train", "--data", str(text_file(tmp_path / "text.txt")), "--out", str(tmp_path / "run"), *SETTINGS]
+    assert cli.main(argv) == 128 + signal.SIGINT
+    assert "stopped at once by a second SIGINT after step 0, before any checkpoint was written: nothing to resume; " \
+           "start again" in caplog.text

@@ -34,7 +34,7 @@ from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from attnkit.chat_format import DEFAULT_FORMAT, ChatTemplate
-from attnkit.checkpoint import INSTRUMENTS_KIND, METRICS_FILE
+from attnkit.checkpoint import INSTRUMENTS_KIND, METRICS_FILE, checkpoint_dirs
 from attnkit.config import ModelConfig, check_types
 from attnkit.errors import AttnkitError, ConfigError
 from attnkit.layers.embedding import inputs_checked
@@ -413,16 +413,16 @@ class Trainer:
         )
 
     def _say_interrupted(self, first: int | None) -> None:
-        """Log, for a run a second signal stopped at once (nothing saved), which checkpoint a resume continues from,
-        bit for bit, and that the steps after it are lost."""
+        """Log, for a run a second signal stopped at once (nothing saved), the checkpoint a resume continues from, bit
+        for bit: the newest complete one on disk, which a save cut short may have finished."""
         how = f"a second {signal.Signals(first).name}" if first else "an interrupt"
-        if self.saved_step < 0:
+        saved = checkpoint_dirs(self.run_dir)
+        if not saved:
             log.warning("stopped at once by %s after step %d, before any checkpoint was written: nothing to resume; "
                         "start again", how, self.step)
         else:
-            log.warning("stopped at once by %s after step %d; the last checkpoint is step %d, in %s (the steps after "
-                        "it are lost). Resume with: %s", how, self.step, self.saved_step, self.run_dir,
-                        self.parallel.resume_command(self.run_dir))
+            log.warning("stopped at once by %s after step %d, unsaved; the last checkpoint is %s. Resume with: %s",
+                        how, self.step, saved[-1], self.parallel.resume_command(self.run_dir))
 
     def _why_stop(self, stop_at: int | None, stop: _StopOnSignal) -> str | None:
         out_of_time = self.settings.max_time is not None and self.elapsed >= self.settings.max_time
