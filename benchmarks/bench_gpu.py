@@ -387,13 +387,9 @@ def markdown(report: dict) -> str:
         lines += [f"## Training ({report['train_shape']}, bf16 autocast)", "",
                   "| implementation | tokens/s | ms/step | vs nanoGPT | MFU (989 TFLOP/s) | peak GPU memory |",
                   "|---|---|---|---|---|---|"]
-        for r in train:
-            if "error" in r:
-                lines.append(f"| {r['impl']} | failed: {r['error']} | | | | |")
-                continue
-            ratio = f"{r['tokens_per_s'] / base['tokens_per_s']:.2f}x" if base else "-"
-            lines.append(f"| {r['impl']} | {r['tokens_per_s']:,.0f} | {r['ms_per_step']:.1f} | {ratio} | "
-                         f"{100 * r['mfu_spec']:.1f}% | {_gb(r['peak_gpu_gb'])} |")
+        lines += [f"| {r['impl']} | failed: {r['error']} | | | | |" if "error" in r else
+                  f"| {r['impl']} | {r['tokens_per_s']:,.0f} | {r['ms_per_step']:.1f} | {_versus(r, base)} | "
+                  f"{100 * r['mfu_spec']:.1f}% | {_gb(r['peak_gpu_gb'])} |" for r in train]
         lines.append("")
     variants = [r for r in rows if r["part"] == "variants"]
     if variants:
@@ -404,15 +400,10 @@ def markdown(report: dict) -> str:
         lines += ["## Decoding (gpt2-124m, bf16, 128 greedy tokens after 16)", "",
                   "| case | implementation | tokens/s | ms/token | vs transformers static+compiled |",
                   "|---|---|---|---|---|"]
-        for r in decode:
-            peer = next((p for p in decode if p["case"] == r["case"] and p["impl"] == "transformers-static"
-                         and "tokens_per_s" in p), None)
-            if "error" in r:
-                lines.append(f"| {r['case']} | {r['impl']} | failed: {r['error']} | | |")
-                continue
-            ratio = f"{r['tokens_per_s'] / peer['tokens_per_s']:.2f}x" if peer else "-"
-            lines.append(f"| {r['case']} | {r['impl']} | {r['tokens_per_s']:,.1f} | {r['ms_per_token']:.2f} "
-                         f"| {ratio} |")
+        static = {p["case"]: p for p in reversed(decode) if p["impl"] == "transformers-static" and "tokens_per_s" in p}
+        lines += [f"| {r['case']} | {r['impl']} | failed: {r['error']} | | |" if "error" in r else
+                  f"| {r['case']} | {r['impl']} | {r['tokens_per_s']:,.1f} | {r['ms_per_token']:.2f} "
+                  f"| {_versus(r, static.get(r['case']))} |" for r in decode]
         lines.append("")
     serve = [r for r in rows if r["part"] == "serve"]
     if serve:
@@ -430,6 +421,11 @@ def markdown(report: dict) -> str:
                       f"one at a time (target >= {target:g}x)." for clients, target in SERVE_TARGETS.items()
                       if clients in by_clients]
     return "\n".join(lines) + "\n"
+
+
+def _versus(row: dict, peer: dict | None) -> str:
+    """The row's tokens/s as a multiple of its peer's ("1.25x"), "-" where the peer has none."""
+    return f"{row['tokens_per_s'] / peer['tokens_per_s']:.2f}x" if peer else "-"
 
 
 def _gb(value: float | None) -> str:
