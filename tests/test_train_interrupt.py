@@ -131,6 +131,7 @@ def test_ctrl_c_then_resume_ends_bit_for_bit_where_the_uninterrupted_run_ends(tm
         child.kill()
     assert child.returncode == 128 + signal.SIGINT, err
     stop = train_state(stopped)["step"]
+    assert err.count("stopping after this step and saving a checkpoint") == 1, err  # said when taken, not at the end
     if presses == 1:
         assert SIGNAL_AFTER <= stop < MAX_STEPS, f"stopped after step {stop}: {err}"
         assert f"stopped by SIGINT after step {stop}" in err

@@ -19,6 +19,7 @@ import dataclasses
 import inspect
 import logging
 import math
+import os
 import signal
 import sys
 import threading
@@ -675,9 +676,12 @@ def _progress_bar(trainer: Trainer, *, enabled: bool) -> tqdm:
 
 
 class _StopOnSignal:
-    """While active, SIGINT and SIGTERM set `signum` (the loop stops after its step and saves); a second
-    signal raises KeyboardInterrupt at once, and later ones are ignored, so that they cannot cut short the message
-    that says where to resume. Handlers can only be installed from the main thread."""
+    """While active, SIGINT and SIGTERM set `signum` (the loop stops after its step and saves) and say so at once on
+    stderr, since a step or an evaluation can take a while; a second signal raises KeyboardInterrupt at once, and later
+    ones are ignored, so that they cannot cut short the message that says where to resume. Handlers can only be
+    installed from the main thread."""
+
+    NOTICE = b"attnkit: stopping after this step and saving a checkpoint; a second ^C stops at once without saving\n"
 
     def __init__(self) -> None:
         self.signum: int | None = None
@@ -697,6 +701,7 @@ class _StopOnSignal:
             self.interrupted = True
             raise KeyboardInterrupt
         self.signum = signum
+        os.write(2, self.NOTICE)  # a raw write: logging's handlers may be mid-write in the interrupted frame
 
     def __exit__(self, *exc: object) -> None:
         for sig, handler in self._previous.items():
