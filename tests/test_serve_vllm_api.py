@@ -138,10 +138,10 @@ def test_continuous_usage_stats_puts_the_usage_so_far_in_every_chunk_and_stream_
             counted.setdefault(choice.index, []).append(usage.completion_tokens)
         assert sorted(counted) == list(range(2 * n))
         assert all(counts == sorted(counts) and counts[-1] == 5 for counts in counted.values()), counted
-    with httpx.stream("POST", f"{server}/v1/chat/completions", timeout=TIMEOUT, headers={
-            "Authorization": "Bearer secret"}, json={"messages": [{"role": "user", "content": "a"}], "max_tokens": 3,
-                                                     "n": 2, "stream": True, "ignore_eos": True, "stream_options": {
-                                                         "include_usage": True, "continuous_usage_stats": True}}) as raw:
+    body = {"messages": [{"role": "user", "content": "a"}], "max_tokens": 3, "n": 2, "stream": True,
+            "ignore_eos": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    with httpx.stream("POST", f"{server}/v1/chat/completions", timeout=TIMEOUT,
+                      headers={"Authorization": "Bearer secret"}, json=body) as raw:
         *chunks, last = [json.loads(line[6:]) for line in raw.iter_lines() if line.startswith("data: {")]
     roles = [chunk for chunk in chunks if chunk["choices"][0]["delta"].get("role")]
     assert [(len(c["choices"]), c["choices"][0]["index"], c["usage"]["completion_tokens"]) for c in roles] == [
