@@ -107,8 +107,9 @@ def batch_rewards(model: nn.Module, batch: PreferenceBatch) -> Tensor:
 @torch.no_grad()
 def reward_scores(model: nn.Module, data: PreferenceRows, options: RewardOptions) -> dict[str, float]:
     """The loss and TRL's metrics (`reward_stats`) over every pair of `data`."""
-    rewards = torch.cat([batch_rewards(model, batch) for batch in data.eval_batches()])  # (N, 2)
-    margins = torch.cat([batch.margins for batch in data.eval_batches()]).to(rewards.device)  # (N,)
+    batches = list(data.eval_batches())  # collated once: their rewards and their margins
+    rewards = torch.cat([batch_rewards(model, batch) for batch in batches])  # (N, 2)
+    margins = torch.cat([batch.margins for batch in batches]).to(rewards.device)  # (N,)
     chosen, rejected = rewards.unbind(1)
     loss = ranking_loss(chosen, rejected, margins=margins, center_rewards=options.center_rewards)
     return {"val_loss": loss.item(), **{name: value.item() for name, value in reward_stats(chosen, rejected).items()}}
