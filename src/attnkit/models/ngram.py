@@ -196,9 +196,8 @@ class NGramLM:
             raise InputError(f"temperature={temperature!r} must be > 0 (1: the model's own distribution)")
         ids = self._checked(prompt).tolist()
         for _ in range(max_new_tokens):
-            # p ** (1 / T) renormalised, as a softmax of log p / T: a small T's powers underflow every weight to 0
-            # only the last n - 1 ids reach the next token: not the whole text, re-checked at every step
-            context = ids[max(0, len(ids) - (self.n - 1)):]
+            context = ids[max(0, len(ids) - (self.n - 1)):]  # the last n - 1 ids: the whole text is not re-checked
+            # p ** (1 / T) renormalised, as a softmax of log p / T: a small T's powers would underflow every weight to 0
             weights = torch.softmax(self.next_token_probs(context).log() / temperature, dim=0)  # (V,)
             ids.append(int(torch.multinomial(weights, 1, generator=generator)))
         return ids[len(ids) - max_new_tokens:] if max_new_tokens else []
