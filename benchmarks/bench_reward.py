@@ -28,7 +28,7 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-RESULTS = HERE / "results" / "reward-best-of-n"
+STEM = "reward-best-of-n"  # benchmarks/results/STEM.json and .md
 PICTURE = HERE.parent / "docs" / "guides" / "reward-best-of-n.png"
 TINY = ["d_model=64", "n_layers=2", "n_heads=4", "d_ff=256", "max_seq_len=64"]
 NS = (1, 2, 4, 8, 16)
@@ -159,7 +159,7 @@ def table(result: dict) -> str:
               "| --- | --- | --- | --- |"]
     lines += [f"| {r['n']} | {r['reward']:.3f} +- {r['reward_se']:.3f} | {r['capitals']:.3f} +- {r['capitals_se']:.3f}"
               f" | `{r['example']!r}` |" for r in result["best_of_n"]]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines)
 
 
 def main(argv: list[str]) -> int:
@@ -171,12 +171,12 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     import torch
 
+    from benchmarks.common import write_report
+
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as folder:
         result = run(args, Path(folder))
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
-    RESULTS.with_suffix(".md").write_text(table(result), encoding="utf-8")
+    write_report(STEM, result, table(result))
     plot(result)
     print(table(result))
     return 0
