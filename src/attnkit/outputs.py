@@ -10,6 +10,7 @@
                                         `path` when the block ends (others there kept), removed when it fails
     check_output(path, directory=...)   what atomic_output refuses, asked before a command's long work
     refuse_root(path)                   the file system's root named as an output: refused
+    remove_path(path)                   a file, link or folder deleted (a link's target kept); absent already: nothing
     writing(path)                       an OSError met on the way -> one CheckpointError naming the path and the fix
 
 A process killed at any point (SIGKILL, a power cut) leaves `path` as it was (absent, or the previous output) and at
@@ -215,7 +216,7 @@ def atomic_output(path: str | Path, *, directory: bool, overwrite: bool = False,
             _put_in_place(partial, path)
         except BaseException as err:
             named = as_os_error(err, partial)  # before the partial goes: a full disk is still seen full
-            _remove(partial)
+            remove_path(partial)
             if named is not None and named is not err:
                 raise named from err
             raise
@@ -254,7 +255,7 @@ def files_into(path: str | Path, *, first: tuple[str, ...] = (), flag: str = "--
             for file in sorted(partial.iterdir(), key=lambda file: (order.get(file.name, len(first)), file.name)):
                 os.replace(file, path / file.name)
     finally:
-        _remove(partial)
+        remove_path(partial)
 
 
 def clear_leftovers(path: Path) -> None:
@@ -267,7 +268,7 @@ def clear_leftovers(path: Path) -> None:
         if role == REPLACED and not (path.exists() or path.is_symlink()):
             os.rename(sibling, path)  # the replacement never arrived: the previous output comes back
         else:
-            _remove(sibling)
+            remove_path(sibling)
 
 
 def glob_escape(name: str) -> str:
@@ -345,12 +346,14 @@ def _put_in_place(partial: Path, path: Path) -> None:
         os.rename(aside, path)
         raise
     try:
-        _remove(aside)
+        remove_path(aside)
     except OSError as err:  # the new output is whole and in place; the next writer of `path` removes the old one
         log.warning("%s is written; the output it replaced is left in %s (%s)", path, aside, err)
 
 
-def _remove(path: Path) -> None:
+def remove_path(path: Path) -> None:
+    """Delete `path`: a folder with what it holds, or a file or link (never what a link points to); gone already is
+    fine."""
     try:
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)

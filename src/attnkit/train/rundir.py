@@ -52,7 +52,7 @@ from attnkit.checkpoint import (
     checkpoint_dirs,
 )
 from attnkit.errors import ConfigError, os_error_message
-from attnkit.outputs import refuse_root
+from attnkit.outputs import refuse_root, remove_path
 
 log = logging.getLogger(__name__)
 
@@ -149,7 +149,7 @@ def release(out: str | Path, *, refused: bool = False) -> None:
         if refused:
             for name in made:
                 if name.split("/", 1)[0] in RUN_NAMES:  # only the lock holder writes cache/: all new there is ours
-                    _remove(out / name)
+                    remove_path(out / name)
         elif held.created is not None and made <= {LOCK_FILE, RUN_MARKER}:
             (out / RUN_MARKER).unlink(missing_ok=True)
             (out / LOCK_FILE).unlink()
@@ -181,13 +181,6 @@ def _names(out: Path) -> frozenset[str]:
     cache = out / CACHE_DIR
     cached = os.listdir(cache) if cache.is_dir() and not cache.is_symlink() else []
     return frozenset(os.listdir(out)) | {f"{CACHE_DIR}/{name}" for name in cached}
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-    else:
-        path.unlink(missing_ok=True)
 
 
 def _remove_empty(folder: Path, *, up_to: Path) -> None:
